@@ -142,7 +142,10 @@ def cat_bon(rewards: "Tensor", *, n_target: int = 128, eps: float = EPS) -> "Ten
     if int(n_target) != n_target or n_target < 1:
         raise ValueError(f"cat_bon: n_target must be an integer >= 1 (paper: 128), got {n_target!r}")
     m = rewards.shape[-1]
-    below = (rewards.unsqueeze(-1) > rewards.unsqueeze(-2)).sum(-1)  # [P, m]: #{j : R_j < R_i}
+    import torch
+
+    # #{j : R_j < R_i} = the left insertion point of R_i in its sorted row.
+    below = torch.searchsorted(torch.sort(rewards, dim=-1).values.contiguous(), rewards.contiguous(), right=False)
     frac = below.double() / m
     w = n_target * frac.pow(n_target - 1)
     w_norm = w / (w.mean(dim=-1, keepdim=True) + eps)
