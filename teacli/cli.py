@@ -7,6 +7,9 @@ Heavy imports (torch, transformers, deepspeed, vllm) happen inside the commands 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 
 app = typer.Typer(
@@ -26,6 +29,162 @@ def _fail(message: str, code: int = 2) -> None:
     """Print a one-line error to stderr and exit (no traceback for user errors)."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
+
+
+@app.command("prepare-data")
+def prepare_data(
+    source: str = typer.Argument(..., help="ultrafeedback | hh-helpful | files | builtin"),
+    out: Path = typer.Option(..., "--out", help="Output directory, e.g. data/uf."),
+    inputs: Optional[list[Path]] = typer.Option(
+        None, "--input", help="Local copy of the source rows (jsonl[.gz]/parquet/csv); repeatable. Required for files."
+    ),
+    test_inputs: Optional[list[Path]] = typer.Option(
+        None, "--test-input", help="Local copy of the test split whose prompts are removed; repeatable."
+    ),
+    prompt_column: Optional[str] = typer.Option(
+        None, "--prompt-column", help="Column holding the prompt (str) or chat messages (files: default messages, then prompt)."
+    ),
+    train_size: Optional[int] = typer.Option(None, "--train-size", help="Default: the paper's size for the source."),
+    val_size: Optional[int] = typer.Option(None, "--val-size"),
+    heldout_size: Optional[int] = typer.Option(None, "--heldout-size"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the deterministic split."),
+    max_prompt_chars: Optional[int] = typer.Option(
+        None, "--max-prompt-chars", help="Drop prompts longer than this many characters, all turns (default 4096)."
+    ),
+    exclude_source: Optional[list[str]] = typer.Option(
+        None, "--exclude-source", help="Drop rows whose origin matches (glob; repeatable; 'none' = keep all)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an output directory with different content."),
+) -> None:
+    """Build train / val / heldout / core250 / core500 prompt splits and a manifest."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from teacli.data import DataError, prepare
+
+    try:
+        summary = prepare(
+            source, out, inputs=inputs or (), test_inputs=test_inputs or (), prompt_column=prompt_column,
+            train_size=train_size, val_size=val_size, heldout_size=heldout_size, seed=seed,
+            exclude_sources=exclude_source, force=force,
+            **({} if max_prompt_chars is None else {"max_prompt_chars": max_prompt_chars}),
+        )
+    except DataError as e:
+        _fail(str(e))
+        return
+    m = summary.manifest
+    console = Console()
+    filters = Table(title=f"prepare-data {m['source']}: filters")
+    filters.add_column("step")
+    filters.add_column("prompts", justify="right")
+    for step, n in m["filters"].items():
+        filters.add_row(step, f"{n:,}")
+    console.print(filters)
+    splits = Table(title=f"splits (seed {m['options']['seed']}, {m['unused']:,} unused)")
+    for col in ("file", "prompts", "sha256"):
+        splits.add_column(col, justify="right" if col == "prompts" else "left")
+    for entry in m["splits"].values():
+        note = " (capped)" if entry.get("capped") else ""
+        splits.add_row(entry["file"], f"{entry['size']:,}{note}", entry["sha256"][:16])
+    console.print(splits)
+    for line in summary.bad_samples:
+        console.print(f"[yellow]skipped undecodable row[/yellow] {line}")
+    checks = m["checks"]
+    ok = checks["disjoint"] and checks["cores_nested_in_heldout"] and not checks["test_overlap_in_outputs"]
+    console.print(f"checks: {'ok' if ok else 'FAILED'} (disjoint splits, cores nested, no test overlap)")
+    verb = "unchanged (identical files already there)" if summary.status == "unchanged" else "written"
+    console.print(f"{summary.out}: {verb}")
+
+
+# ------------------------------------------------------------------------------------------------
+# tea recipes
+
+
+def _recipe_row(path, recipe) -> dict:
+    from pathlib import Path
+
+    params = recipe.advantage.params
+    reward = recipe.reward.name_or_path if recipe.reward.kind == "hf" else recipe.reward.function or recipe.reward.kind
+    try:
+        rel = str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        rel = str(path)
+    return {
+        "name": recipe.name,
+        "path": rel,
+        "advantage": recipe.advantage.name,
+        "m": recipe.rollout.group_size,
+        "n_target": params.get("n_target") if recipe.advantage.name in ("tea", "tea_raw", "prefix_tea", "cat_bon") else None,
+        "policy": recipe.policy.name_or_path,
+        "reward": reward,
+        "dataset": recipe.data.dir,
+        "lora": recipe.policy.lora.enabled,
+    }
+
+
+@recipes_app.command("list")
+def recipes_list(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List every recipe under recipes/ with its method and setting."""
+    import json
+
+    from teacli.config import RecipeError, discover_recipes, load_recipe
+
+    rows = []
+    for path in discover_recipes():
+        try:
+            rows.append(_recipe_row(path, load_recipe(path)))
+        except RecipeError as exc:
+            _fail(str(exc))
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} recipes")
+    for col in ("name", "advantage", "m", "N_target", "policy", "reward", "dataset", "LoRA"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r["name"], r["advantage"], str(r["m"]), "" if r["n_target"] is None else str(r["n_target"]),
+            r["policy"], str(r["reward"]), r["dataset"], "yes" if r["lora"] else "",
+        )
+    Console().print(table)
+
+
+@recipes_app.command("show")
+def recipes_show(
+    name: str = typer.Argument(..., help="Recipe name (e.g. uf_llama1b_tea) or path to a YAML file."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key, e.g. --set optim.lr=3e-5 (repeatable)."),
+) -> None:
+    """Print the fully resolved recipe (inheritance and overrides applied) as YAML."""
+    from teacli.config import RecipeError, find_recipe, load_recipe, to_yaml
+
+    try:
+        typer.echo(to_yaml(load_recipe(find_recipe(name), set_)), nl=False)
+    except RecipeError as exc:
+        _fail(str(exc))
+
+
+@recipes_app.command("validate")
+def recipes_validate(
+    paths: list[str] = typer.Argument(None, help="Recipe files or names; default: every recipe under recipes/."),
+) -> None:
+    """Load and validate recipes; exit 1 if any is invalid, naming the key and the file."""
+    from teacli.config import RecipeError, discover_recipes, find_recipe, load_recipe
+
+    targets = [str(p) for p in discover_recipes()] if not paths else list(paths)
+    bad = 0
+    for target in targets:
+        try:
+            load_recipe(find_recipe(target))
+            typer.echo(f"ok       {target}")
+        except RecipeError as exc:
+            bad += 1
+            typer.secho(f"invalid  {target}: {exc}", fg=typer.colors.RED, err=True)
+    if bad:
+        raise typer.Exit(1)
+    typer.echo(f"{len(targets)} recipe(s) valid")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,3 +37,27 @@ class Prompt:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "messages": [dict(m) for m in self.messages], "source": self.source, **self.meta}
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling parameters shared by every rollout engine, so switching engines changes speed only.
+
+    Sampling is exactly the policy's distribution shaped by these values; nothing from the model's
+    own generation_config (e.g. its top_k = 50) is added.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 512
+
+
+@dataclass
+class Completion:
+    """One sampled completion of one prompt."""
+
+    token_ids: list[int]  # [T] generated tokens, up to and including the first EOS if it stopped
+    text: str  # decoded response (special tokens skipped)
+    finished: bool  # True if it stopped at EOS, False if cut at max_new_tokens
+    logprobs: list[float] | None = None  # [T] the sampler's log-probs (vllm engine), for sync checks
