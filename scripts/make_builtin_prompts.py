@@ -1,0 +1,436 @@
+"""Generate teacli/data/builtin/prompts.jsonl: 240 short writing/explaining prompts, each with
+verifiable constraints that the rule reward (teacli/rewards/rule.py) grades.
+
+Twelve task kinds × twenty hand-written subjects; the numbers in each constraint (word ranges,
+bullet counts, ...) are drawn from a fixed-seed RNG, and the instruction text states every
+constraint in plain words. Rerunning gives the same file byte for byte.
+
+    python scripts/make_builtin_prompts.py          # rewrite the file
+    python scripts/make_builtin_prompts.py --check  # exit 1 if the file is stale
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+from teacli.data.normalize import normalize_messages, prompt_id
+from teacli.rewards.rule import validate_constraints
+
+OUT = Path(__file__).resolve().parents[1] / "teacli" / "data" / "builtin" / "prompts.jsonl"
+
+
+def q(words: list[str]) -> str:
+    quoted = [f'"{w}"' for w in words]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def word_range(rng: random.Random, options: list[tuple[int, int]]) -> tuple[str, dict]:
+    lo, hi = rng.choice(options)
+    return f"Use between {lo} and {hi} words.", {"type": "word_count", "min": lo, "max": hi}
+
+
+# --------------------------------------------------------------------------- 1. explain to an audience
+EXPLAIN = [
+    ("how tides work", ["moon", "gravity"]),
+    ("why the sky is blue", ["sunlight", "scatter"]),
+    ("how vaccines train the immune system", ["immune", "antibody"]),
+    ("what causes earthquakes", ["plate", "fault"]),
+    ("how a refrigerator keeps food cold", ["heat", "compressor"]),
+    ("why leaves change color in autumn", ["chlorophyll", "pigment"]),
+    ("how bees make honey", ["nectar", "hive"]),
+    ("what inflation is", ["price", "money"]),
+    ("how GPS finds your location", ["satellite", "signal"]),
+    ("why we have seasons", ["tilt", "orbit"]),
+    ("how sourdough bread rises", ["yeast", "starter"]),
+    ("what a black hole is", ["gravity", "light"]),
+    ("how compound interest works", ["interest", "savings"]),
+    ("how airplanes stay in the air", ["wing", "lift"]),
+    ("how the heart pumps blood", ["heart", "oxygen"]),
+    ("what causes thunder", ["lightning", "air"]),
+    ("how solar panels make electricity", ["sunlight", "current"]),
+    ("why bread goes stale", ["starch", "moisture"]),
+    ("how a rainbow forms", ["light", "droplet"]),
+    ("what a computer's memory does", ["data", "program"]),
+]
+AUDIENCES = ["a ten-year-old", "a curious grandparent", "a busy coworker", "a high-school student",
+             "someone who has never studied science"]
+
+
+def explain(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    what, kws = EXPLAIN[i]
+    audience = AUDIENCES[i % len(AUDIENCES)]
+    wc_text, wc = word_range(rng, [(40, 80), (60, 100), (80, 120), (50, 90)])
+    text = f"Explain {what} to {audience}. {wc_text} Mention the words {q(kws)}."
+    constraints = [wc, {"type": "include_keywords", "keywords": kws}]
+    if i % 2 == 0:
+        text += " Do not use any commas."
+        constraints.append({"type": "no_commas"})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 2. bullet-point tips
+TIPS = [
+    ("staying focused while working from home", "desk"),
+    ("keeping houseplants alive", "water"),
+    ("saving money on groceries", "list"),
+    ("preparing for a job interview", "practice"),
+    ("sleeping better at night", "screen"),
+    ("learning to cook simple meals", "recipe"),
+    ("starting a running habit", "shoes"),
+    ("packing light for a weekend trip", "bag"),
+    ("reducing food waste at home", "leftovers"),
+    ("writing a clear email", "subject"),
+    ("making a small apartment feel bigger", "light"),
+    ("studying for a big exam", "schedule"),
+    ("hosting a relaxed dinner party", "guests"),
+    ("caring for a new puppy", "routine"),
+    ("taking better photos with a phone", "light"),
+    ("learning a new language as an adult", "practice"),
+    ("keeping a tidy kitchen", "counter"),
+    ("staying safe on a solo hike", "map"),
+    ("giving a short speech without notes", "audience"),
+    ("making a long flight more comfortable", "water"),
+]
+
+
+def tips(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    activity, kw = TIPS[i]
+    n = rng.choice([3, 4, 5])
+    hi = rng.choice([80, 100, 120])
+    text = (f"Give exactly {n} practical tips for {activity}, as a bullet list with one tip per line "
+            f"starting with \"- \". Keep the whole answer to at most {hi} words and mention the word \"{kw}\".")
+    constraints = [{"type": "num_bullets", "n": n}, {"type": "word_count", "max": hi},
+                   {"type": "include_keywords", "keywords": [kw]}]
+    if i % 3 == 1:
+        text += ' Avoid the words "very" and "really".'
+        constraints.append({"type": "forbidden_words", "words": ["very", "really"]})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 3. short emails
+EMAILS = [
+    ("your neighbor Maya", "Maya", "thanking her for lending you a ladder", ["ladder"]),
+    ("your manager Tom", "Tom", "asking to move Thursday's meeting to Friday", ["meeting", "Friday"]),
+    ("your friend Lena", "Lena", "inviting her to a picnic on Saturday", ["picnic", "Saturday"]),
+    ("your cousin Raj", "Raj", "apologizing for missing his birthday dinner", ["birthday", "sorry"]),
+    ("your former teacher Ms. Okafor", "Ms. Okafor", "asking for a recommendation letter", ["recommendation", "deadline"]),
+    ("a new colleague named Priya", "Priya", "welcoming her to the team", ["team", "lunch"]),
+    ("your landlord Mr. Chen", "Mr. Chen", "reporting a leaking kitchen tap", ["tap", "repair"]),
+    ("your book club", "everyone", "suggesting next month's novel", ["novel", "vote"]),
+    ("a customer named Alex", "Alex", "confirming that their order has shipped", ["order", "tracking"]),
+    ("your coach Sam", "Sam", "explaining why you will miss practice", ["practice", "ankle"]),
+    ("your sister Ana", "Ana", "congratulating her on her new job", ["job", "celebrate"]),
+    ("the school principal", "Principal Diaz", "volunteering to help at the science fair", ["volunteer", "science"]),
+    ("your dentist's office", "Dr. Patel", "asking to book a cleaning appointment", ["appointment", "morning"]),
+    ("a conference organizer named Jo", "Jo", "asking whether the talks will be recorded", ["recording", "talk"]),
+    ("your roommate Kim", "Kim", "proposing a weekly cleaning schedule", ["schedule", "kitchen"]),
+    ("a local bakery", "bakery team", "ordering a cake for an office party", ["cake", "Friday"]),
+    ("your mentor Grace", "Grace", "sharing an update on your first project", ["project", "feedback"]),
+    ("your old friend Marco", "Marco", "suggesting a video call to catch up", ["call", "weekend"]),
+    ("a hotel front desk", "front desk team", "asking for a late checkout", ["checkout", "noon"]),
+    ("your running group", "runners", "announcing a new Sunday route", ["route", "Sunday"]),
+]
+SIGN_OFFS = ["Best regards, Jordan", "Warm wishes, Jordan", "Thanks again, Jordan", "See you soon, Jordan"]
+
+
+def email(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    who, name, purpose, kws = EMAILS[i]
+    greeting = f"Hi {name}," if i % 2 else f"Dear {name},"
+    sign = SIGN_OFFS[i % len(SIGN_OFFS)]
+    wc_text, wc = word_range(rng, [(50, 90), (60, 110), (40, 80)])
+    text = (f"Write a short email to {who} {purpose}. Start with \"{greeting}\" and end with \"{sign}\". "
+            f"{wc_text} Mention the words {q(kws)}.")
+    return text, [{"type": "start_with", "text": greeting}, {"type": "ends_with", "text": sign}, wc,
+                  {"type": "include_keywords", "keywords": kws}]
+
+
+# --------------------------------------------------------------------------- 4. product descriptions
+PRODUCTS = [
+    ("a reusable steel water bottle", ["steel", "cold"]),
+    ("a pair of noise-cancelling headphones", ["battery", "quiet"]),
+    ("a handmade ceramic mug", ["glaze", "coffee"]),
+    ("a solar-powered garden lamp", ["solar", "night"]),
+    ("a waterproof hiking backpack", ["waterproof", "pocket"]),
+    ("a cast-iron skillet", ["iron", "heat"]),
+    ("a wooden puzzle for toddlers", ["wood", "colors"]),
+    ("a folding electric scooter", ["battery", "fold"]),
+    ("a wool winter scarf", ["wool", "warm"]),
+    ("a desk lamp with adjustable brightness", ["brightness", "desk"]),
+    ("a set of bamboo cutting boards", ["bamboo", "knife"]),
+    ("a compact travel umbrella", ["wind", "compact"]),
+    ("a smart plant-watering sensor", ["soil", "phone"]),
+    ("a linen tablecloth", ["linen", "wash"]),
+    ("an insulated lunch box", ["lunch", "insulated"]),
+    ("a beginner watercolor paint set", ["brush", "paper"]),
+    ("a pair of trail running shoes", ["grip", "trail"]),
+    ("a portable phone charger", ["charge", "pocket"]),
+    ("a weighted sleep blanket", ["sleep", "weight"]),
+    ("a kitchen herb-growing kit", ["basil", "seeds"]),
+]
+
+
+def product(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    item, kws = PRODUCTS[i]
+    wc_text, wc = word_range(rng, [(40, 70), (50, 80), (60, 100)])
+    text = f"Write an online-shop product description for {item}. {wc_text} Mention {q(kws)}."
+    constraints = [wc, {"type": "include_keywords", "keywords": kws}]
+    if i % 2:
+        text += " Do not use any commas."
+        constraints.append({"type": "no_commas"})
+    else:
+        text += ' Do not use the words "best" or "amazing".'
+        constraints.append({"type": "forbidden_words", "words": ["best", "amazing"]})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 5. lowercase poems
+POEMS = [
+    ("the first snowfall of winter", "snow"), ("a lighthouse at night", "light"),
+    ("an old bicycle", "wheel"), ("morning coffee", "steam"), ("a city bus at rush hour", "window"),
+    ("a cat asleep in the sun", "sun"), ("the sound of rain on a roof", "rain"),
+    ("a forgotten garden", "roses"), ("the last day of summer", "summer"), ("a paper boat", "river"),
+    ("a kitchen at midnight", "kettle"), ("a grandmother's hands", "hands"), ("a train leaving a station", "platform"),
+    ("the moon over the sea", "moon"), ("a library in winter", "pages"), ("a kite on a windy hill", "wind"),
+    ("a street market at dusk", "lanterns"), ("fog over a lake", "fog"), ("a child's first drawing", "crayon"),
+    ("an empty beach in autumn", "sand"),
+]
+
+
+def poem(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    subject, kw = POEMS[i]
+    n = rng.choice([2, 3, 4])
+    hi = rng.choice([60, 80, 100])
+    text = (f"Write a short poem about {subject} in all lowercase letters, with {n} stanzas separated by "
+            f"blank lines. Use the word \"{kw}\" and keep it to at most {hi} words.")
+    return text, [{"type": "lowercase"}, {"type": "num_paragraphs", "n": n},
+                  {"type": "include_keywords", "keywords": [kw]}, {"type": "word_count", "max": hi}]
+
+
+# --------------------------------------------------------------------------- 6. exact sentence counts
+BENEFITS = [
+    ("learning a second language", "brain"), ("riding a bicycle to work", "traffic"),
+    ("public libraries", "community"), ("drinking enough water", "energy"),
+    ("composting kitchen scraps", "soil"), ("stretching every morning", "muscles"),
+    ("keeping a journal", "thoughts"), ("cooking at home", "ingredients"),
+    ("taking short walks after meals", "digestion"), ("learning to play an instrument", "patience"),
+    ("planting trees in cities", "shade"), ("reading to young children", "vocabulary"),
+    ("volunteering in your neighborhood", "neighbors"), ("getting enough sleep", "memory"),
+    ("using a budget", "savings"), ("spending time outdoors", "stress"),
+    ("learning basic first aid", "emergency"), ("repairing things instead of replacing them", "waste"),
+    ("taking regular breaks at work", "focus"), ("visiting museums", "history"),
+]
+
+
+def sentences(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    thing, kw = BENEFITS[i]
+    n = rng.choice([3, 4, 5])
+    text = f"In exactly {n} sentences, describe the main benefits of {thing}. Mention the word \"{kw}\"."
+    constraints = [{"type": "num_sentences", "min": n, "max": n}, {"type": "include_keywords", "keywords": [kw]}]
+    if i % 2:
+        text += " Do not use any commas."
+        constraints.append({"type": "no_commas"})
+    else:
+        text += " Keep it to at most 90 words."
+        constraints.append({"type": "word_count", "max": 90})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 7. describe without words
+SCENES = [
+    ("a busy farmers market", ["fresh", "vegetables"]), ("a thunderstorm at sea", ["rain", "waves"]),
+    ("a library at closing time", ["books", "quiet"]), ("a city waking up at dawn", ["sun", "morning"]),
+    ("a snowy mountain village", ["snow", "cold"]), ("a crowded train station", ["train", "people"]),
+    ("a children's birthday party", ["cake", "balloons"]), ("a quiet forest after rain", ["trees", "green"]),
+    ("a night sky far from any city", ["stars", "dark"]), ("a bakery early in the morning", ["bread", "smell"]),
+    ("an old harbor", ["boats", "water"]), ("a school playground at recess", ["children", "play"]),
+    ("a football stadium on match day", ["crowd", "ball"]), ("a desert at noon", ["sand", "hot"]),
+    ("a garden in spring", ["flowers", "bloom"]), ("a hospital waiting room", ["doctor", "nurse"]),
+    ("a jazz club late at night", ["music", "saxophone"]), ("a kitchen during a holiday dinner", ["food", "family"]),
+    ("a rainy afternoon in a cafe", ["coffee", "rain"]), ("a beach at sunset", ["sun", "ocean"]),
+]
+
+
+def describe(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    scene, banned = SCENES[i]
+    wc_text, wc = word_range(rng, [(50, 90), (60, 100), (70, 120)])
+    text = f"Describe {scene} without using the words {q(banned).replace(' and ', ' or ')}. {wc_text}"
+    constraints = [{"type": "forbidden_words", "words": banned}, wc]
+    if i % 2:
+        text += " Write it as two paragraphs separated by a blank line."
+        constraints.append({"type": "num_paragraphs", "n": 2})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 8. keyword frequency
+PEP_TALKS = [
+    ("a friend training for a first marathon", "step"), ("a student the night before final exams", "you"),
+    ("a team finishing a difficult project", "together"), ("a nervous first-time public speaker", "breathe"),
+    ("someone starting a new job on Monday", "new"), ("a child learning to ride a bike", "try"),
+    ("a coworker recovering from a setback", "forward"), ("a friend moving to a new city", "home"),
+    ("a volunteer group cleaning a beach", "together"), ("a musician before a first concert", "music"),
+    ("a parent of a newborn who is exhausted", "rest"), ("a gardener whose seeds have not sprouted", "patience"),
+    ("a chess player after a lost tournament", "learn"), ("a friend learning to code", "practice"),
+    ("a swimmer before a big race", "focus"), ("a writer facing a blank page", "write"),
+    ("a small business owner on opening day", "welcome"), ("a hiker halfway up a steep trail", "climb"),
+    ("a student retaking a driving test", "calm"), ("a choir before its holiday performance", "sing"),
+]
+
+
+def pep_talk(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    who, kw = PEP_TALKS[i]
+    k = rng.choice([3, 4])
+    wc_text, wc = word_range(rng, [(40, 70), (50, 90)])
+    text = f"Write a short encouraging message for {who}. Use the word \"{kw}\" at least {k} times. {wc_text}"
+    constraints = [{"type": "keyword_frequency", "keyword": kw, "min": k}, wc]
+    if i % 2 == 0:
+        text += ' End with the words "You have got this!"'
+        constraints.append({"type": "ends_with", "text": "You have got this!"})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 9. two-paragraph answers with a fixed ending
+QUESTIONS = [
+    "Why do we yawn?", "How do birds know where to migrate?", "What makes a good night's sleep?",
+    "Why is the ocean salty?", "How do noise-cancelling headphones work?", "Why do onions make us cry?",
+    "How do cats land on their feet?", "Why does ice float?", "How does a compass work?",
+    "Why do we get goosebumps?", "How do plants drink water?", "Why is exercise good for mood?",
+    "How do glaciers move?", "Why do stars twinkle?", "How does soap clean our hands?",
+    "Why do some people get motion sickness?", "How do bats find food in the dark?",
+    "Why do we dream?", "How do fireflies glow?", "Why does bread rise in the oven?",
+]
+ENDINGS = ["That is the short version.", "Thanks for asking!", "Curiosity is always worth it.",
+           "Nature is full of clever tricks."]
+
+
+def answer(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    question = QUESTIONS[i]
+    end = ENDINGS[i % len(ENDINGS)]
+    wc_text, wc = word_range(rng, [(60, 110), (80, 130), (70, 120)])
+    text = (f"Answer the question \"{question}\" in two short paragraphs separated by a blank line. "
+            f"{wc_text} Finish with the sentence \"{end}\"")
+    return text, [{"type": "num_paragraphs", "n": 2}, wc, {"type": "ends_with", "text": end}]
+
+
+# --------------------------------------------------------------------------- 10. story openings
+STORIES = [
+    ("The lighthouse keeper", "storm"), ("On the morning of the flood", "boat"),
+    ("Nobody expected the robot", "garden"), ("Every Tuesday, Mrs. Alvarez", "letter"),
+    ("The last train of the night", "ticket"), ("When the power went out", "candle"),
+    ("My grandfather kept a locked box", "key"), ("The map was wrong", "river"),
+    ("At the edge of the village", "wolf"), ("The new girl in class", "violin"),
+    ("Under the floorboards", "diary"), ("The bakery opened at dawn", "flour"),
+    ("It started with a knock", "stranger"), ("The museum guard yawned", "painting"),
+    ("Snow had fallen for six days", "radio"), ("The ship's cat", "island"),
+    ("Halfway up the mountain", "tent"), ("The clock in the square stopped", "mayor"),
+    ("Rosa found the note", "bench"), ("The first thing I noticed", "silence"),
+]
+
+
+def story(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    start, kw = STORIES[i]
+    wc_text, wc = word_range(rng, [(60, 100), (80, 120), (50, 90)])
+    text = f"Write the opening paragraph of a story that begins with the words \"{start}\". {wc_text} Include the word \"{kw}\"."
+    constraints = [{"type": "start_with", "text": start}, wc, {"type": "include_keywords", "keywords": [kw]}]
+    if i % 3 == 2:
+        text += " Keep it to a single paragraph."
+        constraints.append({"type": "num_paragraphs", "n": 1})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 11. numbered how-to steps
+HOWTOS = [
+    "brewing a pot of loose-leaf tea", "planting a tomato seedling", "changing a bicycle tire",
+    "folding a paper airplane", "cleaning a laptop keyboard", "making a simple vinaigrette",
+    "hanging a picture frame", "washing a wool sweater by hand", "setting up a new houseplant",
+    "backing up photos from a phone", "making overnight oats", "sharpening a kitchen knife",
+    "repotting a cactus", "tying a bowline knot", "cleaning a cast-iron pan",
+    "wrapping a gift neatly", "making a cup of pour-over coffee", "starting a compost bin",
+    "patching a small hole in a wall", "packing a first-aid kit for a hike",
+]
+
+
+def howto(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    task = HOWTOS[i]
+    n = rng.choice([4, 5, 6])
+    hi = rng.choice([90, 120, 150])
+    text = (f"Write step-by-step instructions for {task} as a numbered list of exactly {n} steps "
+            f"(\"1.\", \"2.\", ...). Keep it to at most {hi} words.")
+    constraints = [{"type": "num_bullets", "n": n}, {"type": "word_count", "max": hi}]
+    if i % 2:
+        text += " Do not use any commas."
+        constraints.append({"type": "no_commas"})
+    else:
+        text += " Use at most 8 sentences."
+        constraints.append({"type": "num_sentences", "max": 8})
+    return text, constraints
+
+
+# --------------------------------------------------------------------------- 12. persuasive notes
+PERSUADE = [
+    ("your housemates", "switch off lights when they leave a room", "energy"),
+    ("your town council", "add more bike lanes", "safety"),
+    ("your manager", "try a four-day work week for a month", "productivity"),
+    ("your family", "have one screen-free dinner a week", "conversation"),
+    ("your neighbors", "start a shared vegetable garden", "garden"),
+    ("your classmates", "form a weekly study group", "exam"),
+    ("a friend", "join you for a Saturday morning swim", "swim"),
+    ("your school", "plant trees along the playground", "shade"),
+    ("your book club", "read a classic novel next month", "classic"),
+    ("your team", "write shorter meeting notes", "notes"),
+    ("your parents", "adopt a dog from a shelter", "shelter"),
+    ("your coworkers", "take the stairs instead of the elevator", "stairs"),
+    ("your friend", "learn to cook one new dish a week", "dish"),
+    ("the library", "stay open later on Fridays", "evening"),
+    ("your sports club", "hold a charity run", "charity"),
+    ("your apartment building", "set up a book-swap shelf", "books"),
+    ("your cousin", "visit the national park with you", "park"),
+    ("your office", "switch to reusable coffee cups", "cups"),
+    ("your teenage brother", "volunteer at the animal shelter", "animals"),
+    ("your city", "keep the public pool open in September", "pool"),
+]
+
+
+def persuade(i: int, rng: random.Random) -> tuple[str, list[dict]]:
+    audience, action, kw = PERSUADE[i]
+    wc_text, wc = word_range(rng, [(60, 100), (70, 120)])
+    text = (f"Write a two-paragraph note persuading {audience} to {action}. Separate the paragraphs "
+            f"with a blank line, mention the word \"{kw}\" and do not use any commas. {wc_text}")
+    return text, [{"type": "num_paragraphs", "n": 2}, {"type": "include_keywords", "keywords": [kw]},
+                  {"type": "no_commas"}, wc]
+
+
+KINDS = [explain, tips, email, product, poem, sentences, describe, pep_talk, answer, story, howto, persuade]
+
+
+def build() -> bytes:
+    rng = random.Random(20250101)
+    lines, seen = [], set()
+    for i in range(20):
+        for kind in KINDS:
+            text, constraints = kind(i, rng)
+            messages = normalize_messages([{"role": "user", "content": text}])
+            pid = prompt_id(messages)
+            assert pid not in seen, text
+            seen.add(pid)
+            validate_constraints(constraints, pid)
+            record = {"id": pid, "messages": messages, "source": "builtin", "constraints": constraints}
+            lines.append(json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def main() -> int:
+    data = build()
+    if "--check" in sys.argv:
+        stale = not OUT.is_file() or OUT.read_bytes() != data
+        print(f"{OUT.name}: {'stale' if stale else 'up to date'}")
+        return int(stale)
+    OUT.write_bytes(data)
+    print(f"wrote {len(data.splitlines())} prompts to {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""End-to-end: the real `tea prepare-data` command (CliRunner in-process, and one subprocess)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from datafixtures import write_jsonl
+from typer.testing import CliRunner
+
+from teacli.cli import app
+
+OUTPUTS = ["core250.jsonl", "core500.jsonl", "heldout.jsonl", "manifest.json", "train.jsonl", "val.jsonl"]
+
+
+def test_cli_files_end_to_end(tmp_path):
+    src = write_jsonl(tmp_path / "prompts.jsonl", [{"instruction": f"Describe city number {i}."} for i in range(40)])
+    out = tmp_path / "data" / "mine"
+    args = ["prepare-data", "files", "--out", str(out), "--input", str(src), "--prompt-column", "instruction",
+            "--train-size", "30", "--val-size", "4", "--heldout-size", "6", "--seed", "3"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "eligible" in result.output and "checks: ok" in result.output and "written" in result.output
+    assert sorted(p.name for p in out.iterdir()) == OUTPUTS
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["seed"] == 3 and manifest["splits"]["heldout"]["size"] == 6
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "unchanged" in again.output
+    clash = CliRunner().invoke(app, args[:-1] + ["4"])
+    assert clash.exit_code == 2 and "error:" in clash.output and "--force" in clash.output
+
+
+def test_cli_bad_input_exits_2_with_message(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"text": "hello"}])
+    result = CliRunner().invoke(app, ["prepare-data", "files", "--out", str(tmp_path / "o"), "--input", str(src)])
+    assert result.exit_code == 2
+    assert "error:" in result.output and "columns present: text" in result.output
+
+
+def test_cli_builtin_subprocess_and_offline_hub(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    tea = [sys.executable, "-m", "teacli.cli"]
+    out = tmp_path / "builtin"
+    done = subprocess.run([*tea, "prepare-data", "builtin", "--out", str(out)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    sizes = {k: v["size"] for k, v in json.loads((out / "manifest.json").read_text())["splits"].items()}
+    assert sizes == {"train": 160, "val": 32, "heldout": 48, "core250": 48, "core500": 48}
+    hub = subprocess.run([*tea, "prepare-data", "ultrafeedback", "--out", str(tmp_path / "uf")],
+                         capture_output=True, text=True, env=env)
+    assert hub.returncode == 2
+    assert "error: could not load openbmb/UltraFeedback" in hub.stderr and "--input PATH" in hub.stderr
+    assert not (tmp_path / "uf").exists()
+
+
+def test_cli_import_stays_light():
+    code = ("import sys, teacli.cli; heavy = {'datasets', 'torch', 'pyarrow', 'pandas', 'teacli.data.prepare'} "
+            "& set(sys.modules); assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent)

@@ -1,0 +1,129 @@
+"""prepare('files'): column handling, bad rows, nesting at scale, the output-directory rules."""
+
+import json
+
+import pytest
+from datafixtures import write_jsonl, write_parquet
+
+from teacli.data import DataError, prepare
+
+
+def read_ids(path):
+    return [json.loads(l)["id"] for l in path.read_text().splitlines()]
+
+
+def test_core_sets_nest_inside_heldout(tmp_path):
+    rows = [{"prompt": f"Write a limerick about the number {i}."} for i in range(600)]
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    out = tmp_path / "out"
+    m = prepare("files", out, inputs=[src], train_size=50, val_size=10, heldout_size=520).manifest
+    held, c250, c500 = (read_ids(out / f"{n}.jsonl") for n in ("heldout", "core250", "core500"))
+    assert (len(held), len(c250), len(c500)) == (520, 250, 500)
+    assert c250 == c500[:250] and c500 == held[:500]  # prefixes of one seeded order
+    assert m["splits"]["core500"]["capped"] is False and m["unused"] == 20
+
+
+def test_files_default_train_is_the_rest(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"Prompt {i}"} for i in range(30)])
+    m = prepare("files", tmp_path / "out", inputs=[src], val_size=5, heldout_size=5).manifest
+    assert m["splits"]["train"]["size"] == 20 and m["unused"] == 0
+    with pytest.raises(DataError, match="eligible pool has 30 prompts"):
+        prepare("files", tmp_path / "out2", inputs=[src])  # defaults: val 512 + heldout 500
+
+
+def test_messages_column_and_constraints_are_kept(tmp_path):
+    rows = [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."},
+                      {"role": "assistant", "content": "Blue."}], "constraints": [{"type": "lowercase"}]},
+        {"messages": [{"role": "user", "content": "Name a fruit."}], "extra": 1},
+    ]
+    src = write_parquet(tmp_path / "m.parquet", rows)
+    out = tmp_path / "out"
+    prepare("files", out, inputs=[src], train_size=2, val_size=0, heldout_size=0)
+    recs = {r["messages"][-1]["content"]: r for r in map(json.loads, (out / "train.jsonl").read_text().splitlines())}
+    assert recs["Name a color."]["messages"] == [{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "Name a color."}]  # answer dropped
+    assert recs["Name a color."]["constraints"] == [{"type": "lowercase"}]
+    assert "extra" not in recs["Name a fruit."] and recs["Name a fruit."]["source"] == "files"
+
+
+def test_csv_with_named_prompt_column_and_test_overlap(tmp_path):
+    (tmp_path / "q.csv").write_text('question,answer\n"What is 2+2?",4\n"Define ""entropy"", briefly.",x\nName a river.,Nile\n')
+    (tmp_path / "t.csv").write_text("question\nName a river.\n")
+    with pytest.raises(DataError) as e:
+        prepare("files", tmp_path / "out", inputs=[tmp_path / "q.csv"], train_size=1)
+    assert "no 'messages' or 'prompt' column; columns present: answer, question" in str(e.value)
+    assert "--prompt-column" in str(e.value)
+    m = prepare("files", tmp_path / "out", inputs=[tmp_path / "q.csv"], test_inputs=[tmp_path / "t.csv"],
+                prompt_column="question", train_size=2, val_size=0, heldout_size=0).manifest
+    assert m["filters"]["test_overlap"] == 1 and m["filters"]["eligible"] == 2
+    texts = [json.loads(l)["messages"][0]["content"] for l in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    assert sorted(texts) == ['Define "entropy", briefly.', "What is 2+2?"]
+
+
+def test_named_column_missing_lists_columns(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"text": "a", "label": 1}])
+    with pytest.raises(DataError, match=r"column 'instruction' not found; columns present: label, text"):
+        prepare("files", tmp_path / "out", inputs=[src], prompt_column="instruction", train_size=1)
+
+
+def test_undecodable_rows_are_counted_and_sampled(tmp_path):
+    src = tmp_path / "mixed.jsonl"
+    src.write_bytes(
+        b'{"prompt": "fine one"}\n'
+        b'{"prompt": "broken json"\n'
+        b'["not", "an", "object"]\n'
+        b'{"prompt": "bad bytes \xff\xfe"}\n'
+        b'{"prompt": 42}\n'
+        b'{"prompt": [{"role": "robot", "content": "x"}]}\n'
+        b'\n'
+        b'{"prompt": "fine two"}\n'
+    )
+    s = prepare("files", tmp_path / "out", inputs=[src], train_size=2, val_size=0, heldout_size=0)
+    assert s.manifest["filters"]["rows_read"] == 7 and s.manifest["filters"]["undecodable"] == 5
+    assert s.manifest["filters"]["eligible"] == 2
+    assert s.bad_samples == (
+        "mixed.jsonl:2: not valid UTF-8 JSON (JSONDecodeError)",
+        "mixed.jsonl:3: expected a JSON object, got list",
+        "mixed.jsonl:4: not valid UTF-8 JSON (UnicodeDecodeError)",
+    )
+
+
+def test_too_long_limit_is_configurable(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x" * 50}, {"prompt": "y" * 10}])
+    m = prepare("files", tmp_path / "out", inputs=[src], max_prompt_chars=20, train_size=1, val_size=0, heldout_size=0).manifest
+    assert m["filters"]["too_long"] == 1 and m["options"]["max_prompt_chars"] == 20
+
+
+def test_output_directory_rules(tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"Prompt {i}"} for i in range(10)])
+    out = tmp_path / "out"
+    kw = dict(inputs=[src], train_size=6, val_size=2, heldout_size=2)
+    assert prepare("files", out, **kw).status == "written"
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert prepare("files", out, **kw).status == "unchanged"  # identical content: no-op
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    with pytest.raises(DataError, match=r"already holds different content \(train.jsonl differs, val.jsonl differs.*--force"):
+        prepare("files", out, seed=7, **kw)
+    assert prepare("files", out, seed=7, force=True, **kw).status == "written"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"notes.txt is not a prepare-data file"):
+        prepare("files", other, **kw)
+
+
+def test_option_errors(tmp_path):
+    with pytest.raises(DataError, match="unknown source 'uf'; choose one of: ultrafeedback, hh-helpful, files, builtin"):
+        prepare("uf", tmp_path / "o")
+    with pytest.raises(DataError, match="needs at least one --input"):
+        prepare("files", tmp_path / "o")
+    with pytest.raises(DataError, match="builtin source takes no --input"):
+        prepare("builtin", tmp_path / "o", inputs=[tmp_path / "x.jsonl"])
+    with pytest.raises(DataError, match="input file not found"):
+        prepare("files", tmp_path / "o", inputs=[tmp_path / "missing.jsonl"])
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(DataError, match="unsupported input format: x.txt"):
+        prepare("files", tmp_path / "o", inputs=[tmp_path / "x.txt"])
+    with pytest.raises(DataError, match="--val-size must be non-negative"):
+        prepare("builtin", tmp_path / "o", val_size=-1)
