@@ -60,6 +60,7 @@ def prepare_data(
     from rich.console import Console
     from rich.table import Table
 
+    from rich.markup import escape
     from teacli.data import DataError, prepare
 
     try:
@@ -88,12 +89,12 @@ def prepare_data(
         splits.add_row(entry["file"], f"{entry['size']:,}{note}", entry["sha256"][:16])
     console.print(splits)
     for line in summary.bad_samples:
-        console.print(f"[yellow]skipped undecodable row[/yellow] {line}")
+        console.print(f"[yellow]skipped undecodable row[/yellow] {escape(line)}")
     checks = m["checks"]
     ok = checks["disjoint"] and checks["cores_nested_in_heldout"] and not checks["test_overlap_in_outputs"]
     console.print(f"checks: {'ok' if ok else 'FAILED'} (disjoint splits, cores nested, no test overlap)")
     verb = "unchanged (identical files already there)" if summary.status == "unchanged" else "written"
-    console.print(f"{summary.out}: {verb}")
+    console.print(f"{escape(str(summary.out))}: {verb}")
 
 
 # ------------------------------------------------------------------------------------------------
