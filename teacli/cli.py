@@ -58,9 +58,9 @@ def prepare_data(
 ) -> None:
     """Build train / val / heldout / core250 / core500 prompt splits and a manifest."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    from rich.markup import escape
     from teacli.data import DataError, prepare
 
     try:
