@@ -117,7 +117,7 @@ def prepare(
 
     files = {f"{name}.jsonl": _jsonl(splits[name]) for name in (*SPLITS, *(f"core{k}" for k in CORE_SIZES))}
     manifest = _manifest(
-        spec, train_streams, test_streams, inputs, test_inputs, splits, files, counts, test_stats,
+        spec, inputs, test_inputs, splits, files, counts, test_stats,
         unused=len(ranked) - h - v - t,
         options={
             "seed": seed,
@@ -130,7 +130,7 @@ def prepare(
     )
     files["manifest.json"] = (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
     status = _write(out, files, force)
-    return PrepareSummary(out=out, status=status, manifest=manifest, bad_samples=tuple(bad[:_BAD_SAMPLES]))
+    return PrepareSummary(out=out, status=status, manifest=manifest, bad_samples=tuple(bad))
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -163,7 +163,7 @@ def _candidates(spec: Source, stream: Stream, prompt_column: str | None, test: b
         counts["rows_read"] += 1
         if isinstance(row, BadRow):
             counts["undecodable"] += 1
-            bad.append(f"{row.where}: {row.reason}")
+            _sample(bad, f"{row.where}: {row.reason}")
             continue
         if extract is None:  # the first decodable row fixes the column (missing → clear error)
             requested = prompt_column if (not test or spec.name == "files") else None
@@ -173,7 +173,12 @@ def _candidates(spec: Source, stream: Stream, prompt_column: str | None, test: b
             yield extract(row)
         except RowError as e:
             counts["undecodable"] += 1
-            bad.append(f"{where}: {e}")
+            _sample(bad, f"{where}: {e}")
+
+
+def _sample(bad: list[str], line: str) -> None:
+    if len(bad) < _BAD_SAMPLES:
+        bad.append(line)
 
 
 def _collect_test_ids(spec: Source, streams: list[Stream], prompt_column: str | None, bad: list[str]):
@@ -281,8 +286,6 @@ def _sha256_file(path: Path) -> str:
 
 def _manifest(
     spec: Source,
-    train_streams: list[Stream],
-    test_streams: list[Stream],
     inputs: Sequence[Path],
     test_inputs: Sequence[Path],
     splits: dict[str, list[Prompt]],
