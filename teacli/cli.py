@@ -12,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from teacli.diagnostics.synthetic import DEFAULT_BIAS_REPS, DEFAULT_MS, DEFAULT_REPS  # stdlib-only at import
+
 app = typer.Typer(
     name="tea",
     help="Post-train language models for best-of-N deployment (TEA / Prefix-TEA).",
@@ -186,6 +188,52 @@ def recipes_validate(
     if bad:
         raise typer.Exit(1)
     typer.echo(f"{len(targets)} recipe(s) valid")
+
+
+# ------------------------------------------------------------------------------------------------
+# tea diagnose
+
+
+@diagnose_app.command(
+    "synthetic", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}
+)
+def diagnose_synthetic(
+    ctx: typer.Context,
+    m: Optional[list[int]] = typer.Option(
+        None,
+        "--m",
+        help=f"Rollout budgets, space-separated (--m 256 512 1024) or repeated. Default: {' '.join(map(str, DEFAULT_MS))}.",
+    ),
+    reps: int = typer.Option(DEFAULT_REPS, "--reps", help="Replicates of the full Prefix-TEA estimator per m (its variance)."),
+    bias_reps: int = typer.Option(
+        DEFAULT_BIAS_REPS, "--bias-reps", help="Replicates per m for TEA (bias and variance) and Prefix-TEA's Rao-Blackwellized bias."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed; the output is deterministic given it."),
+    out: Path = typer.Option(Path("out/diagnostics/synthetic"), "--out", help="Output directory."),
+) -> None:
+    """Synthetic Gaussian-tail bias/variance diagnostic of TEA vs Prefix-TEA (paper appendix)."""
+    extra = list(ctx.args)
+    if extra and (m is None or not all(a.lstrip("-").isdigit() for a in extra)):
+        _fail(f"unexpected argument(s) {' '.join(extra)}; rollout budgets go after --m, e.g. --m 256 512")
+    budgets = [*(m or []), *(int(a) for a in extra)] or None
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from teacli.diagnostics import synthetic
+
+    budgets = budgets or list(DEFAULT_MS)
+    try:
+        synthetic.check_arguments(budgets, reps, bias_reps)
+    except ValueError as exc:
+        _fail(str(exc))
+    columns = (TextColumn("synthetic"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as progress:
+        task = progress.add_task("synthetic", total=synthetic.work_units(budgets, reps, bias_reps))
+        rows = synthetic.run_synthetic(budgets, reps, bias_reps, seed, lambda units: progress.advance(task, units))
+    paths = synthetic.write_outputs(rows, out)
+    typer.echo(synthetic.markdown_table(rows))
+    for path in paths.values():
+        typer.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

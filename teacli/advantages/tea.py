@@ -174,3 +174,56 @@ def prefix_tea(
         raw = _raw(rewards[:, :size], tail_size(size, alpha), alpha, ctilde, eps_sigma).clamp_min(0.0)
         combined[:, :size] += (w * m / size) * raw
     return combined - combined.mean(dim=-1, keepdim=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Cross-fitted fixed-order estimator of the theory (appendix "Auxiliary results for fixed-order
+# debiasing"). Not a training advantage: it needs two independent batches and a score vector per
+# evaluation sample, so it is used by the diagnostics (teacli/diagnostics/synthetic.py).
+
+
+def prefix_tails(tail_rewards: "Tensor", sizes: tuple[int, ...], alpha: float, eps_sigma: float) -> list:
+    """Empirical tail vectors η̂^A_{n_j} of the nested prefixes of batch A, one `EmpiricalTail` per size.
+
+    tail_rewards: [P, n]; prefix j uses the first sizes[j] columns and q_j = ⌈α·n_j⌉ tail samples.
+    """
+    return [empirical_tail(tail_rewards[:, :size], tail_size(size, alpha), eps_sigma) for size in sizes]
+
+
+def cross_fitted_fixed_order(
+    tail_rewards: "Tensor",
+    eval_rewards: "Tensor",
+    eval_scores: "Tensor",
+    *,
+    alpha: float = ALPHA,
+    n_target: int = N_TARGET,
+    k: int = 2,
+    J: int = 4,
+    eps_sigma: float = EPS_SIGMA,
+) -> "Tensor":
+    """Split-budget fixed-order estimator g̃_{n,k,J} = Σ_j w_j G^cf_{n_j} (eq. `eq:app_split_budget_fixed_order_estimator`).
+
+    tail_rewards: [P, n] batch A (tail estimation); eval_rewards: [P, n] and eval_scores: [P, n, d]
+    batch B (evaluation) → [P, d]. G^cf_{n_j} = (1/n_j) Σ_{i ≤ n_j} φ_{η̂^A_{n_j}}(y_i^B) with
+    φ_η(y) = (1/α)·1{R(y) ≥ r}·R̃_η(R(y))·S(y) (eq. `eq:app_phi_eta_def`). Prefixes
+    n_j = q_α⌊ρ_j n/q_α⌋, ρ_j = 1/2 + j/(2(J+1)), and min-norm weights w_j with z_j = n/n_j.
+    With a total budget of m rollouts, pass n = ⌊m/2⌋ samples per batch
+    (eq. `eq:app_total_budget_fixed_order_estimator`).
+    """
+    import torch
+
+    n = tail_rewards.shape[-1]
+    if eval_rewards.shape != tail_rewards.shape or eval_scores.shape[:2] != tail_rewards.shape:
+        raise ValueError(
+            "cross_fitted_fixed_order: batches A and B must have the same shape [P, n] "
+            f"(scores [P, n, d]); got {tuple(tail_rewards.shape)}, {tuple(eval_rewards.shape)}, {tuple(eval_scores.shape)}"
+        )
+    sizes = check_prefix_plan(2 * n, alpha, k, J, "cross_fitted_fixed_order", cross_fit=True)
+    weights = cancellation_weights(sizes, n, int(k))
+    ctilde = c_tilde(int(n_target), float(alpha))
+    out = torch.zeros(eval_scores.shape[0], eval_scores.shape[-1], dtype=eval_scores.dtype, device=eval_scores.device)
+    for size, w, tail in zip(sizes, weights, prefix_tails(tail_rewards, sizes, alpha, eps_sigma)):
+        u = eval_rewards[:, :size]
+        shaped = (u >= tail.r) * tail_shaped_reward(u, tail, ctilde) / alpha  # [P, n_j]
+        out += (w / size) * torch.einsum("pi,pid->pd", shaped.to(eval_scores.dtype), eval_scores[:, :size])
+    return out

@@ -1,0 +1,1 @@
+"""Diagnostics of the estimators that need no model: synthetic frontier, oracle alignment, QQ tail fit."""
