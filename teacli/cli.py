@@ -100,6 +100,39 @@ def prepare_data(
 
 
 # ------------------------------------------------------------------------------------------------
+# tea train
+
+
+@app.command()
+def train(
+    recipe: str = typer.Argument(..., help="Recipe YAML file or name (see `tea recipes list`)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set optim.lr=3e-5 (repeatable)."),
+    run_dir: str = typer.Option(None, "--run-dir", help="Run directory (default: runs/<recipe name>). An existing one is resumed."),
+) -> None:
+    """Train a policy with the recipe's advantage rule; resumes an existing run directory.
+
+    Multi-GPU / multi-node: launch with `deepspeed --num_gpus N -m teacli.cli train RECIPE` or
+    `torchrun --nproc_per_node N -m teacli.cli train RECIPE`.
+    """
+    from pathlib import Path
+
+    from teacli.config import RecipeError, find_recipe, load_recipe
+
+    try:
+        r = load_recipe(find_recipe(recipe), set_)
+    except RecipeError as exc:
+        _fail(str(exc))
+    from teacli.data.errors import DataError
+    from teacli.train.loop import TrainError, train as run_training
+
+    try:
+        path = run_training(r, Path(run_dir) if run_dir else Path("runs") / r.name)
+    except (TrainError, DataError, RecipeError, ValueError) as exc:
+        _fail(str(exc))
+    typer.echo(f"run directory: {path}")
+
+
+# ------------------------------------------------------------------------------------------------
 # tea recipes
 
 
@@ -236,5 +269,21 @@ def diagnose_synthetic(
         typer.echo(f"wrote {path}")
 
 
-if __name__ == "__main__":  # pragma: no cover
+def main() -> None:
+    """Console entry point. Accepts the `--local_rank=N` that the deepspeed launcher prepends."""
+    import os
+    import sys
+
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):
+        if arg.startswith("--local_rank"):
+            value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+            os.environ.setdefault("LOCAL_RANK", value)
+            del args[i : i + (1 if "=" in arg else 2)]
+            sys.argv[1:] = args
+            break
     app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

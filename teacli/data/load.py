@@ -1,0 +1,48 @@
+"""Reading the splits written by `tea prepare-data` (the only prompt format the trainer and
+evaluator need). `dir: builtin` names the packaged prompt set, prepared once into the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from teacli.data.errors import DataError
+from teacli.types import Prompt
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TEA_CACHE", Path.home() / ".cache" / "tea"))
+
+
+def resolve_data_dir(data_dir: str) -> Path:
+    """A prepare-data output directory; 'builtin' prepares the packaged set into the cache once."""
+    if data_dir == "builtin":
+        from teacli.data.prepare import prepare
+
+        out = cache_dir() / "data" / "builtin"
+        prepare("builtin", out, force=True) if not (out / "manifest.json").exists() else None
+        return out
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise DataError(f"data.dir: {data_dir!r} is not a directory; run `tea prepare-data SOURCE --out {data_dir}` first")
+    return path
+
+
+def load_split(data_dir: str, split: str) -> list[Prompt]:
+    path = resolve_data_dir(data_dir) / f"{split}.jsonl"
+    if not path.exists():
+        raise DataError(f"split {split!r} not found: {path} (files there: {', '.join(sorted(p.name for p in path.parent.glob('*.jsonl')))})")
+    prompts = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                prompts.append(Prompt.from_json(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(f"{path}:{lineno}: not a prompt record ({exc}); rebuild it with `tea prepare-data`") from None
+    if not prompts:
+        raise DataError(f"{path}: no prompts")
+    return prompts

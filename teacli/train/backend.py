@@ -1,0 +1,231 @@
+"""DeepSpeed ZeRO backend: process group, engine, parameter gathering, save/load.
+
+The only module that imports deepspeed. A plain `tea train` starts a one-process group itself
+(gloo on CPU, NCCL on GPU); the `deepspeed` launcher or `torchrun` provide RANK/WORLD_SIZE/
+LOCAL_RANK/MASTER_ADDR for multi-process runs and the same code path is used.
+
+Precision: bf16 keeps fp32 master weights and optimizer state inside DeepSpeed's optimizer
+wrappers (plain bf16 AdamW updates fall below bf16 resolution at RL learning rates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+    from teacli.config import Recipe
+
+
+@dataclass
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: "torch.device"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_world() -> World:
+    """Initialise torch.distributed through DeepSpeed (a one-process group when not launched)."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_free_port())
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
+    return World(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
+
+
+def bf16_supported(device: "torch.device") -> bool:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_precision(precision: str, device: "torch.device") -> str:
+    if precision == "auto":
+        return "bf16" if bf16_supported(device) else "fp32"
+    return precision
+
+
+def deepspeed_config(recipe: "Recipe", world: World, grad_accum: int, precision: str) -> dict[str, Any]:
+    b = recipe.backend
+    zero: dict[str, Any] = {"stage": b.zero_stage}
+    if b.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": world.device.type == "cuda"}
+    if b.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": world.device.type == "cuda"}
+    if b.zero_stage == 3:
+        # Gather whole layers for generation and saving; keep the defaults otherwise.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "train_micro_batch_size_per_gpu": recipe.optim.micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": recipe.optim.max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_engine(model, recipe: "Recipe", world: World, grad_accum: int, precision: str):
+    """Wrap the policy in a DeepSpeed engine with AdamW and the recipe's schedule."""
+    import deepspeed
+    import torch
+
+    o = recipe.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    if recipe.backend.offload_optimizer:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        optimizer = DeepSpeedCPUAdam(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_schedule(o.scheduler, o.warmup_steps, o.steps))
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=deepspeed_config(recipe, world, grad_accum, precision),
+    )
+    return engine
+
+
+def lr_schedule(kind: str, warmup: int, total: int):
+    import math
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1.0 - progress
+
+    return factor
+
+
+@contextlib.contextmanager
+def gathered_parameters(model, zero_stage: int) -> Iterator[None]:
+    """Full weights available inside the block (ZeRO-3 gathers them; other stages hold them already)."""
+    if zero_stage != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+        yield
+
+
+@contextlib.contextmanager
+def generation_weights(engine, zero_stage: int) -> Iterator[None]:
+    """Whole, hook-free weights for generating with the training module.
+
+    Under ZeRO-3 every forward all-gathers parameters through module hooks, so ranks that generate
+    different numbers of tokens would deadlock (and each step would gather again). For generation
+    we gather all parameters once and detach ZeRO-3's module hooks, then re-attach them. This
+    uses DeepSpeed's parameter-offload internals (`_remove_module_hooks`, `setup_zero_stage3_hooks`),
+    checked against deepspeed 0.19.
+    """
+    if zero_stage != 3:
+        yield
+        return
+    import deepspeed
+
+    offload = getattr(engine.optimizer, "parameter_offload", None) or engine.optimizer
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        for p in params:
+            p.ds_active_sub_modules.clear()
+        offload._remove_module_hooks()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            offload.setup_zero_stage3_hooks()
+
+
+def full_state_dict(model, zero_stage: int, is_main: bool) -> dict[str, "torch.Tensor"] | None:
+    """A CPU copy of the full state dict on the main rank (collective under ZeRO-3: every rank calls it)."""
+    state: dict[str, Any] = {}
+    with gathered_parameters(model, zero_stage):
+        if is_main:
+            state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    return state if is_main else None
+
+
+def save_engine_state(engine, directory: str, tag: str) -> None:
+    """Optimizer, scheduler and (partitioned) model state for exact resume; every rank calls it."""
+    engine.save_checkpoint(directory, tag=tag, save_latest=False)
+
+
+def load_engine_state(engine, directory: str, tag: str) -> None:
+    path, _ = engine.load_checkpoint(directory, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    if path is None:
+        raise RuntimeError(f"could not load the trainer state {tag!r} from {directory}")
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
+    """Average scalar stats over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return {k: float(v) for k, v in zip(keys, t.tolist())}
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

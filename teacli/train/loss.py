@@ -1,0 +1,77 @@
+"""Token log-probabilities, KL estimators and the grouped policy-gradient loss.
+
+The paper's training interface ("Training interface", Experiments §Setup) is
+ĝ_x = (1/m)·Σ_i A_i ∇_θ log π_θ(y_i | x), with A_i a stop-gradient weight, plus β·KL to the
+reference policy. We implement it literally:
+
+    loss = (1/B) Σ_i [ −A_i · Σ_t log π(y_i,t) + β · Σ_t KL̂_t ]
+
+over the B = P·m sequences of a step: log π(y_i | x) is the *sum* of the completion's token
+log-probs (the sequence score function), and averaging over all sequences gives the 1/P·1/m of
+eq. `eq:prompt_batch_gradient_estimator`. The KL is the sequence-level estimate Σ_t KL̂_t with
+Schulman's per-token estimators (default k3, unbiased and non-negative):
+    k1 = log π − log π_ref,  k2 = ½(log π − log π_ref)²,  k3 = exp(log π_ref − log π) − (log π_ref − log π) − 1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_prompt: int) -> "Tensor":
+    """Log-probs of the completion tokens: input_ids [B, L] (left-padded prompt of n_prompt tokens,
+    then completion) → [B, L − n_prompt], the log-prob of token t given everything before it.
+    """
+    import torch
+
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    logits = logits[:, n_prompt - 1 : -1]  # predictions for the completion positions
+    targets = input_ids[:, n_prompt:]
+    # Row by row: log_softmax over a large vocabulary in fp32 for the whole batch would dominate memory.
+    out = []
+    for row_logits, row_targets in zip(logits, targets):
+        row = row_logits.float()
+        out.append(row.gather(-1, row_targets[:, None]).squeeze(-1) - torch.logsumexp(row, dim=-1))
+    return torch.stack(out)
+
+
+def kl_estimate(logp: "Tensor", ref_logp: "Tensor", estimator: str) -> "Tensor":
+    """Per-token KL(π ‖ π_ref) estimate from samples of π (Schulman's k1/k2/k3)."""
+    log_ratio = logp - ref_logp
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.pow(2)
+    if estimator == "k3":
+        neg = -log_ratio
+        return neg.exp() - neg - 1.0
+    raise ValueError(f"kl.estimator: unknown estimator {estimator!r} (use k1, k2 or k3)")
+
+
+def policy_loss(
+    logp: "Tensor",  # [B, T] token log-probs under the current policy (with grad)
+    mask: "Tensor",  # [B, T] 1 for completion tokens up to and including the first EOS
+    advantages: "Tensor",  # [B] stop-gradient advantage per sequence
+    ref_logp: "Tensor | None",  # [B, T] reference log-probs, or None when beta = 0
+    beta: float,
+    estimator: str,
+    denominator: int,  # number of sequences the step averages over (P·m on this rank)
+) -> tuple["Tensor", dict[str, float]]:
+    """The grouped policy-gradient loss of one micro-batch and its detached stats."""
+    mask = mask.to(logp.dtype)
+    seq_logp = (logp * mask).sum(-1)  # [B]
+    pg = -(advantages.detach().to(logp.dtype) * seq_logp)
+    loss_terms = pg
+    stats: dict[str, float] = {"pg_loss": float(pg.detach().sum()) / denominator}
+    if ref_logp is not None and beta > 0:
+        kl_tok = kl_estimate(logp, ref_logp.detach(), estimator) * mask
+        seq_kl = kl_tok.sum(-1)
+        loss_terms = loss_terms + beta * seq_kl
+        stats["kl"] = float(seq_kl.detach().sum()) / denominator
+    loss = loss_terms.sum() / denominator
+    stats["loss"] = float(loss.detach())
+    return loss, stats

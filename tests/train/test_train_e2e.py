@@ -1,0 +1,198 @@
+"""End-to-end `tea train` through the real CLI on a tiny Llama built in-process (CPU, gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    sys.path.insert(0, str(TESTS))
+    from tiny_lm import make_causal_lm, make_reward_model, make_tokenizer, save
+
+    from teacli.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("train_assets")
+    tok = make_tokenizer()
+    save(make_causal_lm(tok), tok, root / "policy")
+    save(make_reward_model(tok), tok, root / "rm")
+    prepare("builtin", root / "data")
+    return root
+
+
+def recipe(assets: Path, tmp: Path, **overrides) -> Path:
+    data = {
+        "name": "tiny",
+        "policy": {"name_or_path": str(assets / "policy"), "dtype": "float32", "gradient_checkpointing": False},
+        "reward": {"kind": "python", "function": "rewards_for_tests:length_reward"},
+        "data": {"dir": str(assets / "data")},
+        "rollout": {"engine": "hf", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 8, "batch_size": 16},
+        "advantage": {"name": "grpo", "params": {}},
+        "optim": {"steps": 4, "lr": 3.0e-3, "micro_batch_size": 8},
+        "kl": {"beta": 0.05},
+        "backend": {"zero_stage": 2, "precision": "fp32"},
+        "checkpoint": {"save_every": 2},
+        "validation": {"prompts": 4, "samples": 4, "top": 2},
+        "logging": {"tensorboard": False},
+    }
+    for key, value in overrides.items():
+        node = data
+        *parents, leaf = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    path = tmp / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def env(tmp: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(TESTS / "train"), e.get("PYTHONPATH", "")])
+    e["TEA_CACHE"] = str(tmp / "cache")
+    e["OMP_NUM_THREADS"] = "1"
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    return e
+
+
+def tea_train(recipe_path: Path, run_dir: Path, tmp: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "teacli.cli", "train", str(recipe_path), "--run-dir", str(run_dir), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp), timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tea train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def load_weights(path: Path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_train_writes_a_complete_run_directory(assets, tmp_path):
+    run = tmp_path / "run"
+    proc = tea_train(recipe(assets, tmp_path), run, tmp_path)
+    assert "step 4:" in proc.stdout + proc.stderr
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for key in ("reward_mean", "reward_max", "reward_std", "adv_std", "kl", "loss", "grad_norm", "gen_len_mean",
+                "time_generate", "time_reward", "time_ref_logprobs", "time_train", "tokens_per_s"):
+        assert key in rows[0], key
+    assert all(r["grad_norm"] > 0 for r in rows)
+    assert rows[-1]["kl"] > 0  # the policy moved away from the reference
+    val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [2, 4]
+    selected = json.loads((run / "selected.json").read_text())
+    best = max(val, key=lambda v: (v["score"], -v["step"]))
+    assert selected["step"] == best["step"] and (run / selected["path"]).is_dir()
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["advantage"]["name"] == "grpo"
+
+    # HF-format checkpoint: from_pretrained loads it, and training changed the parameters.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ckpt = run / "checkpoints" / "step_000004"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(ckpt)
+    before, after = load_weights(assets / "policy"), load_weights(ckpt)
+    changed = [k for k in before if not (before[k] == after[k]).all()]
+    assert len(changed) >= len(before) // 2
+    assert model.config.vocab_size == AutoModelForCausalLM.from_pretrained(assets / "policy").config.vocab_size
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
+    rec = recipe(assets, tmp_path, optim__steps=6, reward__function="rewards_for_tests:slow_length_reward")
+    reference = tmp_path / "reference"
+    tea_train(rec, reference, tmp_path)
+
+    run = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(tmp_path), start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-step 4: after checkpoint 2, before checkpoint 4
+    proc.wait()
+    assert (run / "checkpoints" / "step_000002").is_dir()
+    assert not (run / "checkpoints" / "step_000004").exists()
+
+    tea_train(rec, run, tmp_path)
+    rows, ref_rows = metrics(run), metrics(reference)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # nothing duplicated, nothing lost
+    for a, b in zip(rows, ref_rows):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], rel=1e-5), a["step"]
+    final, ref_final = load_weights(run / "checkpoints" / "step_000006"), load_weights(reference / "checkpoints" / "step_000006")
+    for k in ref_final:
+        assert (final[k] - ref_final[k]).abs().max() < 1e-5, k
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_two_processes(assets, tmp_path, stage):
+    run = tmp_path / f"zero{stage}"
+    rec = recipe(assets, tmp_path, backend__zero_stage=stage, optim__steps=2)
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29500 + 10 * stage + os.getpid() % 500),
+           "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002")
+
+
+def test_zero3_one_process(assets, tmp_path):
+    run = tmp_path / "z3"
+    tea_train(recipe(assets, tmp_path, backend__zero_stage=3, optim__steps=2), run, tmp_path)
+    assert [r["step"] for r in metrics(run)] == [1, 2]
+
+
+def test_dotted_path_advantage_and_hf_reward_model(assets, tmp_path):
+    run = tmp_path / "custom"
+    rec = recipe(
+        assets, tmp_path, optim__steps=1, checkpoint__save_every=1,
+        advantage={"name": "rewards_for_tests:rank_rule", "params": {"scale": 0.5}},
+        reward={"kind": "hf", "name_or_path": str(assets / "rm"), "dtype": "float32", "batch_size": 4},
+    )
+    tea_train(rec, run, tmp_path)
+    row = metrics(run)[0]
+    assert row["adv_nonzero_frac"] > 0.5 and row["adv_max"] == pytest.approx(0.5 * 3.5)  # ranks 0..7 centred, scaled
+
+
+def test_bad_input_is_a_clear_error_and_keeps_the_run(assets, tmp_path):
+    run = tmp_path / "run"
+    rec = recipe(assets, tmp_path, optim__steps=2)
+    tea_train(rec, run, tmp_path)
+    before = (run / "metrics.jsonl").read_text()
+
+    other = tmp_path / "other"
+    other.mkdir()
+    changed = recipe(assets, other, optim__lr=1.0e-4, optim__steps=2)
+    proc = tea_train(changed, run, tmp_path, check=False)
+    assert proc.returncode == 2 and "holds a different recipe" in proc.stderr
+    assert (run / "metrics.jsonl").read_text() == before
+
+    missing = recipe(assets, other, policy={"name_or_path": str(tmp_path / "no_model"), "dtype": "float32"})
+    proc = tea_train(missing, tmp_path / "run_missing", tmp_path, check=False)
+    assert proc.returncode == 2 and "policy.name_or_path" in proc.stderr and "Traceback" not in proc.stderr
+
+    nan = recipe(assets, other, reward={"kind": "python", "function": "math:nan_reward_does_not_exist"})
+    proc = tea_train(nan, tmp_path / "run_nan", tmp_path, check=False)
+    assert proc.returncode == 2 and "reward.function" in proc.stderr
