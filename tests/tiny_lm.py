@@ -1,0 +1,80 @@
+"""Tiny models and tokenizers built in-process, for engine and reward-model tests (no hub access).
+
+A word-level tokenizer over a few sentences with a chat template that writes BOS itself, a
+random Llama causal LM and a random Llama sequence classifier (hidden 64, 2 layers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SENTENCES = [
+    "the cat sat on the mat and looked at the dog",
+    "a dog ran in the park with a red ball",
+    "what is the capital of france paris is the capital",
+    "write a short poem about the sea and the sky",
+    "one two three four five six seven eight nine ten",
+    "please answer in one sentence without commas",
+    " ".join(f"w{i}" for i in range(200)),  # filler words: a vocabulary well above top_k = 50
+]
+SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+
+
+def make_tokenizer(chat_template: str | None = CHAT_TEMPLATE, pad: str | None = "<pad>"):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=SPECIALS))
+    # Like Llama tokenizers, it adds BOS itself when add_special_tokens=True (encode_chat must not double it).
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token=pad,
+        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>"],
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    return fast
+
+
+def llama_config(tokenizer, **overrides):
+    from transformers import LlamaConfig
+
+    values = dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=len(tokenizer), max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
+def make_causal_lm(tokenizer, seed: int = 0):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(tokenizer)).eval()
+    with torch.no_grad():  # larger logits than the 0.02-std init: distinct, non-uniform next-token distributions
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def make_reward_model(tokenizer, seed: int = 0):
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    torch.manual_seed(seed)
+    return LlamaForSequenceClassification(llama_config(tokenizer, num_labels=1)).eval()
+
+
+def save(model, tokenizer, path: Path) -> Path:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
