@@ -1,0 +1,112 @@
+"""The rollout protocol: what the training loop and `eval-bon` ask of a generation engine.
+
+An engine turns tokenized prompts into sampled completions with exactly the recipe's sampling
+parameters (`SamplingConfig`): the policy's distribution reshaped by temperature, top-p and top-k,
+and nothing else, so that switching engines changes speed, not the samples' distribution.
+
+Two engines plug in behind `RolloutEngine`:
+  * `hf` (teacli/rollout/hf.py): transformers `generate` on the trainer's own module (CPU or GPU).
+    It shares the weights, so `load_weights` is a no-op, and it has no memory to release.
+  * `vllm` (teacli/rollout/vllm_engine.py, not written yet): a colocated `vllm.LLM` whose weights
+    the trainer pushes after each update (`load_weights`, via collective_rpc), which sleeps
+    (level 1: weights offloaded, KV cache freed) while the trainer runs and wakes to generate.
+    `build_engine` constructs it as `VLLMEngine(cfg, model, tokenizer, **options)`; it is the only
+    module that imports vllm.
+
+The loop calls, per step: `engine.wake()`, `engine.generate(...)`, `engine.sleep()`, train, then
+`engine.load_weights(named_parameters)`. Every method must be safe to call in that order on
+every engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from teacli.types import Completion, SamplingConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from teacli.config import RolloutConfig
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(
+        self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingConfig, seed: int
+    ) -> list[list[Completion]]:
+        """prompt_token_ids[P] (chat-templated, unpadded) → completions[P][n], prompt-major.
+
+        Reproducible: the same inputs, engine settings and `seed` give the same completions.
+        """
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+        """Receive the trainer's updated weights (HF parameter names). No-op for an engine that
+        generates with the trainer's own module."""
+        ...
+
+    def sleep(self) -> None:
+        """Release generation memory while the trainer runs (no-op where unsupported)."""
+        ...
+
+    def wake(self) -> None:
+        """Undo `sleep` before generating (no-op where unsupported)."""
+        ...
+
+
+def sampling_from(cfg: "RolloutConfig") -> SamplingConfig:
+    """The recipe's rollout sampling parameters as the engines' `SamplingConfig`."""
+    return SamplingConfig(
+        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens
+    )
+
+
+def cut_at_eos(token_ids: Sequence[int], eos_token_ids: Iterable[int]) -> tuple[list[int], bool]:
+    """Generated ids → (ids up to and including the first EOS, whether an EOS was found).
+
+    Everything after the first EOS is padding (which may itself be the EOS token) or, for an
+    engine that does not stop, text the policy never meant to write.
+    """
+    eos = set(eos_token_ids)
+    for i, tok in enumerate(token_ids):
+        if tok in eos:
+            return list(token_ids[: i + 1]), True
+    return list(token_ids), False
+
+
+def resolve_engine_name(name: str) -> str:
+    """'auto' → 'vllm' when vllm is importable and a CUDA device is present, else 'hf'."""
+    if name != "auto":
+        return name
+    if importlib.util.find_spec("vllm") is None:
+        return "hf"
+    import torch
+
+    return "vllm" if torch.cuda.is_available() else "hf"
+
+
+def build_engine(cfg: "RolloutConfig", model: Any, tokenizer: Any, **options: Any) -> RolloutEngine:
+    """The engine named by `rollout.engine` for the trainer's `model` (an HF module) and tokenizer.
+
+    `options` go to the vllm engine only (e.g. the policy config it builds its `vllm.LLM` from).
+    """
+    name = resolve_engine_name(cfg.engine)
+    if name == "hf":
+        from teacli.rollout.hf import HFEngine
+
+        return HFEngine(model, tokenizer, batch_size=cfg.batch_size)
+    if name == "vllm":
+        try:
+            module = importlib.import_module("teacli.rollout.vllm_engine")
+        except ImportError as exc:
+            raise ValueError(
+                f"rollout.engine: 'vllm' is not available here ({exc}). Install it with "
+                "`pip install 'teacli[vllm]'` on a CUDA machine (the vllm engine module may also not be "
+                "implemented in this version of tea), or set rollout.engine: hf"
+            ) from None
+        return module.VLLMEngine(cfg, model, tokenizer, **options)
+    raise ValueError(f"rollout.engine: {cfg.engine!r} is not one of hf, vllm, auto")

@@ -1,0 +1,203 @@
+"""The hf rollout engine on a tiny random Llama: shapes, EOS cut, seeding, the sampling contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_lm import make_causal_lm, make_tokenizer
+
+from teacli.config import RolloutConfig
+from teacli.models import encode_chat
+from teacli.rollout import RolloutEngine, build_engine, cut_at_eos, sampling_from
+from teacli.rollout.hf import HFEngine
+from teacli.types import SamplingConfig
+
+QUESTIONS = ["what is the capital of france", "write a short poem about the sea", "one two three"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return make_causal_lm(tok)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> list[list[int]]:
+    ids = [encode_chat(tok, [{"role": "user", "content": q}], add_generation_prompt=True) for q in QUESTIONS]
+    assert len({len(p) for p in ids}) > 1  # different lengths: left padding is exercised
+    return ids
+
+
+def sample(**kw) -> SamplingConfig:
+    return SamplingConfig(**{"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, **kw})
+
+
+def ids_of(out):
+    return [[c.token_ids for c in row] for row in out]
+
+
+def greedy(model, tok, prompt: list[int], max_new_tokens: int) -> list[int]:
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), generation_config=config)
+    return cut_at_eos(out[0, len(prompt):].tolist(), [tok.eos_token_id])[0]
+
+
+# -- the cut helper ---------------------------------------------------------------------------------
+
+
+def test_cut_at_eos():
+    assert cut_at_eos([5, 6, 3, 3, 3], [3]) == ([5, 6, 3], True)  # pad == eos after the first EOS
+    assert cut_at_eos([5, 3, 0, 0], [3, 9]) == ([5, 3], True)
+    assert cut_at_eos([9, 5], [3, 9]) == ([9], True)  # any of several EOS ids
+    assert cut_at_eos([5, 6, 7], [3]) == ([5, 6, 7], False)
+    assert cut_at_eos([], [3]) == ([], False)
+
+
+# -- the engine -------------------------------------------------------------------------------------
+
+
+def test_shapes_prompt_major_and_completion_fields(model, tok, prompts):
+    engine = HFEngine(model, tok, batch_size=5)  # 3 prompts x 4 = 12 sequences: batches of 5, 5, 2
+    assert isinstance(engine, RolloutEngine)
+    out = engine.generate(prompts, n=4, sampling=sample(max_new_tokens=6), seed=0)
+    assert len(out) == 3 and all(len(row) == 4 for row in out)
+    for row in out:
+        for c in row:
+            assert 1 <= len(c.token_ids) <= 6
+            assert c.finished == (c.token_ids[-1] == tok.eos_token_id)
+            assert tok.eos_token_id not in c.token_ids[:-1]
+            assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
+            assert c.logprobs is None
+
+
+def test_eos_stops_and_truncates(model, tok, prompts):
+    """Bias the EOS logit so that some sequences stop early and others run to max_new_tokens."""
+    eos = tok.eos_token_id
+    handle = model.lm_head.register_forward_hook(lambda mod, inp, out: out.index_add(-1, torch.tensor([eos]), torch.full((*out.shape[:-1], 1), 4.0)))
+    try:
+        out = HFEngine(model, tok, batch_size=16).generate(prompts, n=8, sampling=sample(max_new_tokens=10), seed=1)
+    finally:
+        handle.remove()
+    flat = [c for row in out for c in row]
+    finished = [c for c in flat if c.finished]
+    unfinished = [c for c in flat if not c.finished]
+    assert finished and unfinished
+    assert {len(c.token_ids) for c in finished} != {10}  # stopped at various lengths
+    for c in finished:
+        assert c.token_ids[-1] == eos and eos not in c.token_ids[:-1]  # cut right after the FIRST eos
+        assert "<eos>" not in c.text  # special tokens skipped
+    for c in unfinished:
+        assert len(c.token_ids) == 10 and eos not in c.token_ids
+
+
+def test_pad_equal_to_eos(model, prompts):
+    tok = make_tokenizer(pad=None)
+    tok.pad_token = tok.eos_token
+    out = HFEngine(model, tok, batch_size=4).generate(prompts, n=3, sampling=sample(), seed=0)
+    for c in (c for row in out for c in row):
+        assert tok.eos_token_id not in c.token_ids[:-1]
+
+
+def test_same_seed_same_samples_and_n_samples_differ(model, tok, prompts):
+    engine = HFEngine(model, tok, batch_size=6)
+    a = ids_of(engine.generate(prompts, n=6, sampling=sample(), seed=123))
+    b = ids_of(engine.generate(prompts, n=6, sampling=sample(), seed=123))
+    c = ids_of(engine.generate(prompts, n=6, sampling=sample(), seed=124))
+    assert a == b
+    assert a != c
+    for row in a:
+        assert len({tuple(x) for x in row}) > 1  # the n samples of a prompt are not copies
+
+
+def test_rng_state_and_train_mode_restored(model, tok, prompts):
+    engine = HFEngine(model, tok)
+    model.train()
+    state = torch.get_rng_state()
+    try:
+        engine.generate(prompts[:1], n=2, sampling=sample(max_new_tokens=3), seed=7)
+        assert model.training
+        assert torch.equal(torch.get_rng_state(), state)
+    finally:
+        model.eval()
+
+
+def test_low_temperature_and_top_k_1_are_greedy(model, tok, prompts):
+    """Also checks prompt-major order: row i holds prompt i's samples."""
+    engine = HFEngine(model, tok, batch_size=4)
+    expected = [greedy(model, tok, p, 8) for p in prompts]
+    cold = engine.generate(prompts, n=2, sampling=sample(temperature=1e-4), seed=3)
+    top1 = engine.generate(prompts, n=2, sampling=sample(top_k=1), seed=3)
+    for want, row_cold, row_top1 in zip(expected, cold, top1):
+        assert [c.token_ids for c in row_cold] == [want, want]
+        assert [c.token_ids for c in row_top1] == [want, want]
+
+
+def test_top_p_small_is_greedy(model, tok, prompts):
+    engine = HFEngine(model, tok, batch_size=4)
+    out = engine.generate(prompts, n=2, sampling=sample(top_p=1e-6), seed=5)
+    assert [row[0].token_ids for row in out] == [greedy(model, tok, p, 8) for p in prompts]
+
+
+def test_model_generation_config_is_not_applied(model, tok, prompts):
+    saved = model.generation_config
+    # Settings the engine does not pass itself (min_p, suppress_tokens) are the ones the swap guards.
+    model.generation_config = saved.__class__(
+        top_k=1, min_p=0.999, suppress_tokens=[tok.eos_token_id], repetition_penalty=100.0, do_sample=False, max_new_tokens=1
+    )
+    try:
+        out = HFEngine(model, tok).generate(prompts, n=8, sampling=sample(top_k=0), seed=0)
+        assert model.generation_config.top_k == 1  # restored after the call
+    finally:
+        model.generation_config = saved
+    for row in out:
+        assert len({tuple(c.token_ids) for c in row}) > 1  # top_k=1 from the model would make them identical
+        assert all(len(c.token_ids) > 1 or c.finished for c in row)  # its max_new_tokens=1 is ignored
+
+
+def test_top_k_zero_is_off_and_top_k_is_honoured(model, tok, prompts):
+    """At a huge temperature the next token is ~uniform over the vocabulary (250 tokens): 128 draws of
+    the first token give ~100 distinct tokens with top-k off, and at most k with top-k on. A silent
+    library default of top_k = 50 would cap the first count at 50."""
+    assert len(tok) > 200
+    engine = HFEngine(model, tok, batch_size=128)
+
+    def distinct_first_tokens(top_k: int) -> int:
+        out = engine.generate(prompts[:1], n=128, sampling=sample(temperature=1e3, top_k=top_k, max_new_tokens=1), seed=0)
+        return len({c.token_ids[0] for c in out[0]})
+
+    assert distinct_first_tokens(0) > 70
+    assert distinct_first_tokens(20) <= 20
+
+
+def test_sampling_from_recipe():
+    cfg = RolloutConfig(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=33)
+    assert sampling_from(cfg) == SamplingConfig(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=33)
+
+
+# -- build_engine -----------------------------------------------------------------------------------
+
+
+def test_build_engine(model, tok, monkeypatch):
+    engine = build_engine(RolloutConfig(engine="hf", batch_size=7), model, tok)
+    assert isinstance(engine, HFEngine) and engine.batch_size == 7
+    engine.sleep(), engine.wake(), engine.load_weights(model.named_parameters())  # no-ops
+
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert isinstance(build_engine(RolloutConfig(engine="auto"), model, tok), HFEngine)
+
+
+def test_build_engine_vllm_missing_is_a_clear_error(model, tok, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "teacli.rollout.vllm_engine", None)  # import fails as if absent
+    with pytest.raises(ValueError, match="rollout.engine: 'vllm' is not available"):
+        build_engine(RolloutConfig(engine="vllm"), model, tok)
