@@ -1,0 +1,181 @@
+"""Sequence-classification reward models (kind 'hf'), e.g. Skywork-Reward-V2.
+
+The score of a response is the reward model's scalar logit for the conversation
+[prompt messages..., assistant: response], rendered with the reward model's OWN chat template
+(not the policy's) and tokenized without a doubled BOS (`teacli.models.encode_chat`).
+
+Responses are scored in batches of `reward.batch_size`, grouped by token length (sorted, batched,
+unsorted) so that padding is small; the result does not depend on the batching. Departures from
+calling the model's forward on each example:
+
+  * Pooling. transformers' sequence classifiers score the rightmost token that is not the pad
+    token. When pad = eos (a Llama tokenizer without a pad token) and the template ends the turn
+    with eos, that is the token BEFORE the end of the turn. For the generic classifiers (Llama,
+    Qwen, Mistral, Gemma, ...) we run the backbone and apply the score head at the last attended
+    token ourselves, so the score is the last token's whatever the pad id; other architectures
+    use their own forward (right padding, `config.pad_token_id` set).
+  * Truncation keeps the END of a conversation longer than `reward.max_length` (and a leading
+    BOS): the response and the end-of-turn token the score is read from.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from teacli.models import encode_chat, load_errors, looks_like_path, resolve_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from teacli.config import RewardConfig
+    from teacli.types import Prompt
+
+log = logging.getLogger(__name__)
+
+
+class HFRewardModel:
+    """A reward model: AutoModelForSequenceClassification (num_labels = 1) and its own tokenizer."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 16,
+        max_length: int = 4096,
+        name: str | None = None,
+    ) -> None:
+        import torch
+
+        if batch_size < 1 or max_length < 2:
+            raise ValueError(f"reward.batch_size / reward.max_length: got {batch_size} / {max_length}")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"reward.name_or_path: the tokenizer of reward model {name or '?'} has no chat template; "
+                "a reward model must come with the template it was trained on"
+            )
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = tokenizer.pad_token_id  # Llama RMs: needed to batch at all
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        self.device = next(model.parameters()).device
+        self.truncated = 0  # conversations cut to max_length so far
+        self._own_pooling = _is_generic_classifier(model) and isinstance(getattr(model, "score", None), torch.nn.Module)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        revision: str | None = None,
+        dtype: str = "auto",
+        device: "str | torch.device | None" = None,
+        batch_size: int = 16,
+        max_length: int = 4096,
+        trust_remote_code: bool = False,
+    ) -> "HFRewardModel":
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        path = _local_or_hub(name_or_path)
+        kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+        if revision:
+            kwargs["revision"] = revision
+        with load_errors("reward.name_or_path", name_or_path, path):
+            tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, dtype=resolve_dtype(dtype, device), **kwargs
+            )
+        return cls(model.to(device), tokenizer, batch_size=batch_size, max_length=max_length, name=name_or_path)
+
+    @classmethod
+    def from_config(cls, cfg: "RewardConfig", device: "str | torch.device | None" = None) -> "HFRewardModel":
+        """From the recipe's `reward:` section; `device` is the policy's (used when reward.device is 'auto')."""
+        if not cfg.name_or_path:
+            raise ValueError("reward.name_or_path: required when reward.kind is 'hf'")
+        return cls.from_pretrained(
+            cfg.name_or_path,
+            revision=cfg.revision,
+            dtype=cfg.dtype,
+            device=device if cfg.device == "auto" else cfg.device,
+            batch_size=cfg.batch_size,
+            max_length=cfg.max_length,
+        )
+
+    # -- scoring ----------------------------------------------------------------------------------
+
+    def encode(self, prompt: "Prompt", response: str) -> list[int]:
+        """Token ids of [prompt messages..., assistant: response] under the RM's template, ≤ max_length."""
+        ids = encode_chat(self.tokenizer, [*prompt.messages, {"role": "assistant", "content": response}], add_generation_prompt=False)
+        if len(ids) <= self.max_length:
+            return ids
+        self.truncated += 1
+        if self.truncated == 1:
+            log.warning("reward model: a conversation of %d tokens was cut to reward.max_length=%d (keeping its end)", len(ids), self.max_length)
+        bos = self.tokenizer.bos_token_id
+        if bos is not None and ids[0] == bos:
+            return [bos] + ids[len(ids) - self.max_length + 1 :]
+        return ids[len(ids) - self.max_length :]
+
+    def score(self, prompts: Sequence["Prompt"], responses: Sequence[str]) -> "torch.Tensor":
+        """prompts[B], responses[B] → rewards[B] float32 on CPU: the RM's scalar logit per response."""
+        import torch
+
+        if len(prompts) != len(responses):
+            raise ValueError(f"reward model: {len(prompts)} prompts but {len(responses)} responses")
+        encoded = [self.encode(p, r) for p, r in zip(prompts, responses)]
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+        scores = torch.empty(len(encoded), dtype=torch.float32)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(order), self.batch_size):
+                    rows = order[start : start + self.batch_size]
+                    scores[rows] = self._forward([encoded[i] for i in rows])
+        finally:
+            self.model.train(was_training)
+        return scores
+
+    def _forward(self, batch: list[list[int]]) -> "torch.Tensor":
+        """batch[b] token ids → scores[b] float32 (right-padded; pooled at each row's last token)."""
+        import torch
+
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[row, : len(ids)] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        if self._own_pooling:
+            hidden = self.model.base_model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # [b, L, H]
+            last = mask.sum(dim=1) - 1  # [b]
+            logits = self.model.score(hidden[torch.arange(len(batch), device=self.device), last])  # [b, labels]
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=mask).logits  # [b, labels]
+        return logits[:, 0].float().cpu()
+
+
+def _is_generic_classifier(model: Any) -> bool:
+    try:
+        from transformers.modeling_layers import GenericForSequenceClassification
+    except ImportError:
+        return False
+    return isinstance(model, GenericForSequenceClassification)
+
+
+def _local_or_hub(name: str) -> str:
+    from pathlib import Path
+
+    if looks_like_path(name) and not Path(name).expanduser().exists():
+        raise ValueError(f"reward.name_or_path: no such directory {name!r}")
+    return str(Path(name).expanduser()) if looks_like_path(name) else name

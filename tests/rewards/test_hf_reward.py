@@ -1,0 +1,124 @@
+"""HFRewardModel on a tiny random LlamaForSequenceClassification: batching, pooling, templates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_lm import make_reward_model, make_tokenizer, save
+
+from teacli.config import RewardConfig
+from teacli.rewards import build_reward, checked_score
+from teacli.rewards.hf import HFRewardModel
+from teacli.types import Prompt
+
+PROMPTS = [
+    Prompt(id="p0", messages=({"role": "user", "content": "what is the capital of france"},)),
+    Prompt(id="p1", messages=({"role": "system", "content": "please answer in one sentence"}, {"role": "user", "content": "a dog ran"})),
+    Prompt(id="p2", messages=({"role": "user", "content": "write a short poem about the sea and the sky and the cat"},)),
+]
+RESPONSES = ["paris", "the dog ran in the park with a red ball", "", "the sea the sky", "one two three four five six seven", "cat"]
+
+
+def batch():
+    prompts = [PROMPTS[i % 3] for i in range(len(RESPONSES))]
+    return prompts, RESPONSES
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tmp_path_factory):
+    tok = make_tokenizer()
+    return save(make_reward_model(tok), tok, tmp_path_factory.mktemp("rm"))
+
+
+@pytest.fixture(scope="module")
+def rm(rm_dir) -> HFRewardModel:
+    return HFRewardModel.from_pretrained(str(rm_dir), dtype="float32", device="cpu", batch_size=4)
+
+
+def unbatched(rm: HFRewardModel, prompts, responses) -> torch.Tensor:
+    """The model's own forward on one unpadded example at a time, pooled at the last token."""
+    pad = rm.model.config.pad_token_id
+    rm.model.config.pad_token_id = None  # batch of 1 without a pad id: transformers pools at position -1
+    try:
+        with torch.no_grad():
+            return torch.tensor([float(rm.model(torch.tensor([rm.encode(p, r)])).logits[0, 0]) for p, r in zip(prompts, responses)])
+    finally:
+        rm.model.config.pad_token_id = pad
+
+
+def test_scores_equal_unbatched_scores(rm):
+    prompts, responses = batch()
+    scores = rm.score(prompts, responses)
+    assert scores.shape == (len(responses),) and scores.dtype == torch.float32 and scores.device.type == "cpu"
+    assert len({len(rm.encode(p, r)) for p, r in zip(prompts, responses)}) > 3  # padding in every batch
+    torch.testing.assert_close(scores, unbatched(rm, prompts, responses), atol=1e-5, rtol=1e-5)
+    assert scores.std() > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5, 64])
+def test_batching_and_tokenizer_padding_side_do_not_matter(rm, batch_size):
+    prompts, responses = batch()
+    reference = rm.score(prompts, responses)
+    old = rm.batch_size, rm.tokenizer.padding_side
+    rm.batch_size, rm.tokenizer.padding_side = batch_size, "left"
+    try:
+        torch.testing.assert_close(rm.score(prompts, responses), reference, atol=1e-5, rtol=1e-5)
+    finally:
+        rm.batch_size, rm.tokenizer.padding_side = old
+
+
+def test_template_is_the_rms_own_and_bos_is_not_doubled(rm):
+    ids = rm.encode(PROMPTS[0], "paris")
+    tok = rm.tokenizer
+    assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id
+    text = tok.decode(ids)
+    assert text.startswith("<bos> <|user|> what is the capital of france <eos> <|assistant|> paris <eos>")
+
+
+def test_pad_equal_to_eos_still_scores_the_last_token():
+    """A Llama RM tokenizer without a pad token: pad becomes eos, which also ends every turn.
+    transformers' own pooling would then read the token before the final eos."""
+    tok = make_tokenizer(pad=None)
+    model = make_reward_model(tok)
+    model.config.pad_token_id = None
+    rm = HFRewardModel(model, tok, batch_size=3)
+    assert tok.pad_token_id == tok.eos_token_id == model.config.pad_token_id
+    prompts, responses = batch()
+    torch.testing.assert_close(rm.score(prompts, responses), unbatched(rm, prompts, responses), atol=1e-5, rtol=1e-5)
+
+
+def test_truncation_keeps_bos_and_the_end():
+    tok = make_tokenizer()
+    rm = HFRewardModel(make_reward_model(tok), tok, max_length=8)
+    full = HFRewardModel(make_reward_model(tok), tok).encode(PROMPTS[2], "the sea the sky")
+    cut = rm.encode(PROMPTS[2], "the sea the sky")
+    assert len(full) > 8 and len(cut) == 8
+    assert cut[0] == tok.bos_token_id and cut[1:] == full[-7:]
+    assert rm.score([PROMPTS[2]], ["the sea the sky"]).shape == (1,) and rm.truncated == 2  # encode above, score here
+
+
+def test_build_reward_hf_and_checked_score(rm_dir):
+    cfg = RewardConfig(kind="hf", name_or_path=str(rm_dir), dtype="float32", device="cpu", batch_size=2)
+    reward = build_reward(cfg)
+    assert isinstance(reward, HFRewardModel) and reward.name == str(rm_dir)
+    prompts, responses = batch()
+    assert checked_score(reward, prompts, responses).shape == (len(responses),)
+
+
+def test_dtype_auto_and_device(rm_dir):
+    from teacli.models import resolve_dtype
+
+    reward = build_reward(RewardConfig(kind="hf", name_or_path=str(rm_dir), device="auto"), device="cpu")
+    assert reward.model.dtype == resolve_dtype("auto", "cpu") and reward.device.type == "cpu"
+    assert reward.score(*batch()).dtype == torch.float32
+
+
+def test_missing_reward_model_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"reward.name_or_path: no such directory"):
+        build_reward(RewardConfig(kind="hf", name_or_path=str(tmp_path / "nope")))
+
+
+def test_reward_tokenizer_without_template_is_an_error():
+    tok = make_tokenizer(chat_template=None)
+    with pytest.raises(ValueError, match="no chat template"):
+        HFRewardModel(make_reward_model(tok), tok)
