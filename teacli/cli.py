@@ -269,6 +269,75 @@ def diagnose_synthetic(
         typer.echo(f"wrote {path}")
 
 
+# ------------------------------------------------------------------------------------------------
+# tea judge
+
+
+@app.command()
+def judge(
+    run_a: Path = typer.Argument(..., help="Run directory whose responses are 'self' (output goes to RUN_A/judge/)."),
+    run_b: Path = typer.Argument(..., help="Run directory compared against ('other')."),
+    select: str = typer.Option(..., "--select", help="Selection rule: boN = max-reward response among samples 0..N-1."),
+    split: str = typer.Option("core250", "--split", help="Evaluated split (RUN/eval/<split>-M<M>.jsonl)."),
+    model: str = typer.Option("deepseek-chat", "--model", help="Judge model name at the endpoint."),
+    base_url: str = typer.Option("https://api.deepseek.com/v1", "--base-url", help="OpenAI-compatible API base URL."),
+    api_key_env: str = typer.Option(
+        "DEEPSEEK_API_KEY", "--api-key-env", help="Environment variable holding the API key (optional for a local endpoint)."
+    ),
+    concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight at most."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the randomized presentation order."),
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds per request before it is retried."),
+    max_attempts: int = typer.Option(5, "--max-attempts", help="Requests per pair before it is recorded as invalid."),
+    retry_invalid: bool = typer.Option(False, "--retry-invalid", help="Judge again the pairs recorded as invalid."),
+) -> None:
+    """Pairwise LLM judge of RUN_A's vs RUN_B's best-of-N responses (position-randomized); prints W–L and win rate."""
+    import logging
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from teacli.eval.judge import JudgeConfig, JudgeError, judge_runs, parse_select, resolve_api_key
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        n = parse_select(select)
+        config = JudgeConfig(
+            model=model, base_url=base_url, concurrency=concurrency, seed=seed, timeout_s=timeout,
+            max_attempts=max_attempts, retry_invalid=retry_invalid,
+        )
+        config.check()
+        key = resolve_api_key(base_url, api_key_env)
+        columns = (TextColumn("judge"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, transient=True) as bar:
+            task = bar.add_task("judge", total=None)
+            summary = judge_runs(
+                run_a, run_b, n, split=split, config=config, api_key=key,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    except JudgeError as exc:
+        _fail(str(exc))
+        return
+    win = "–" if summary.win_rate is None else f"{100 * summary.win_rate:.1f}%"
+    table = Table(title=f"judge {summary.model} ({summary.split})")
+    for col in ("Self", "Sel.", "Other", "Pairs", "W–L", "Win", "Invalid"):
+        table.add_column(col, justify="right" if col in ("Pairs", "W–L", "Win", "Invalid") else "left")
+    table.add_row(
+        summary.self_name, summary.select, summary.other_name, str(summary.pairs),
+        f"{summary.wins}–{summary.losses}", win, str(summary.invalid),
+    )
+    Console().print(table)
+    dropped = summary.only_self + summary.only_other
+    if dropped:
+        typer.echo(f"{dropped} prompt(s) dropped: {summary.only_self} only in RUN_A, {summary.only_other} only in RUN_B")
+    typer.echo(
+        f"{summary.judged} judged now ({summary.cache_hits} from the cache, {summary.requests} request(s)), "
+        f"{summary.kept} kept from before"
+    )
+    typer.echo(f"wrote {summary.path}")
+
+
 def main() -> None:
     """Console entry point. Accepts the `--local_rank=N` that the deepspeed launcher prepends."""
     import os

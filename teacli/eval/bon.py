@@ -1,0 +1,444 @@
+"""`tea eval-bon`: sample M completions per held-out prompt, score them, grouped best-of-N.
+
+Protocol (paper, appendix "Training and Evaluation Details", "Reported best-of-N reward scores"):
+for each prompt of the held-out split, M completions from the chosen checkpoint with the run's
+rollout engine and sampling parameters, scored by the run's reward; bo<N> for every power of two
+N dividing M is the grouped best-of-N of `teacli.eval.stats.grouped_bon` (consecutive groups of N
+in sample order, mean of group maxima per prompt, mean over prompts).
+
+Files (the run-directory contract of DESIGN.md), under `eval/` for the validation-selected
+checkpoint, `eval/step_XXXXXX/` for an explicit one, `eval/base/` for the untrained policy:
+    <split>-M<M>.jsonl       one line per completion {prompt_id, sample, response, reward, tokens}
+    <split>.prompts.jsonl    the evaluated prompts {prompt_id, messages}
+    <split>-M<M>.bon.json    {split, M, checkpoint, N, mean, per_prompt}
+    <split>-M<M>.run.json    the evaluation's settings (checkpoint, seed, sampling, reward), checked on resume
+`tokens` counts the generated tokens including the EOS token when the completion stopped there.
+
+Resume (append-only): records are appended one prompt at a time (all M lines in one write, then
+flush + fsync). A restarted evaluation keeps every complete line, cuts a torn last line, and for
+each prompt generates only what is missing. Sampling is seed-deterministic per prompt: the engine
+is called once per prompt (n = M) with seed = derive_seed(recipe.seed, prompt_id), so a prompt
+killed half-written is regenerated identically and only its missing sample indices are appended;
+a resumed evaluation ends with exactly the records of an uninterrupted one (same engine, device
+and batch size; on a different engine the kept records stay valid samples, the new ones come from
+another random stream). Settings that change the distribution (checkpoint, sampling, reward,
+prompt-length limit) must match `<split>-M<M>.run.json`, else the evaluation stops with an error.
+
+Departures: prompts longer than `data.max_prompt_tokens` after the chat template are skipped (as
+in training) and counted; `<split>.prompts.jsonl` lists the prompts actually evaluated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from teacli.eval.stats import grouped_bon, powers_of_two_dividing
+
+if TYPE_CHECKING:
+    from teacli.config import Recipe
+
+RECORD_KEYS = ("prompt_id", "sample", "response", "reward", "tokens")
+# Settings that change what the samples are; a resume must not mix two of them in one file.
+_COMPARED = ("split", "M", "checkpoint", "checkpoint_path", "seed", "sampling", "reward", "max_prompt_tokens")
+
+
+class EvalError(RuntimeError):
+    """An evaluation problem the user can act on (named file, run or option)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Which run, which checkpoint, which files
+
+
+def default_run_dir(cwd: Path | None = None) -> Path:
+    """The current directory if it is a run directory, else the most recently active run under runs/."""
+    cwd = Path.cwd() if cwd is None else cwd
+    if (cwd / "recipe.yaml").is_file():
+        return cwd
+    runs = cwd / "runs"
+    candidates = [d for d in runs.iterdir() if (d / "recipe.yaml").is_file()] if runs.is_dir() else []
+    if not candidates:
+        raise EvalError("no RUN_DIR given, and neither ./recipe.yaml nor runs/*/recipe.yaml exists; name a run directory")
+
+    def activity(d: Path) -> float:
+        files = [d / n for n in ("recipe.yaml", "metrics.jsonl", "validation.jsonl", "selected.json")]
+        return max(f.stat().st_mtime for f in files if f.exists())
+
+    return max(candidates, key=activity)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    label: int | str  # the training step, or "base"
+    path: Path | None  # the HF checkpoint directory; None = the recipe's policy
+    eval_dir: Path  # where this checkpoint's evaluation files go
+
+
+def resolve_checkpoint(run: Path, spec: str) -> Checkpoint:
+    """'selected' (selected.json), 'step_N' / 'N' (checkpoints/step_00000N) or 'base' (the recipe's policy)."""
+    from teacli.train.checkpoint import RunDir, step_dir_name
+
+    rd = RunDir(run)
+    if spec == "base":
+        return Checkpoint("base", None, run / "eval" / "base")
+    if spec == "selected":
+        sel = rd.read_selected()
+        if not sel:
+            raise EvalError(
+                f"{rd.selected} not found: the run has no validation-selected checkpoint yet; "
+                "use --checkpoint step_N or --checkpoint base"
+            )
+        path = run / sel["path"]
+        if not path.is_dir():
+            raise EvalError(f"{rd.selected} names {sel['path']}, which does not exist (pruned?)")
+        return Checkpoint(int(sel["step"]), path, run / "eval")
+    text = spec[len("step_"):] if spec.startswith("step_") else spec
+    if not text.isdigit():
+        raise EvalError(f"--checkpoint {spec!r}: expected selected, base or step_N (e.g. step_25)")
+    step = int(text)
+    path = rd.checkpoints / step_dir_name(step)
+    if not (path / "config.json").is_file():
+        have = ", ".join(f"step_{s}" for s, _ in rd.complete_checkpoints()) or "none"
+        raise EvalError(f"--checkpoint {spec}: no checkpoint {path} (checkpoints in this run: {have})")
+    return Checkpoint(step, path, run / "eval" / step_dir_name(step))
+
+
+@dataclass(frozen=True)
+class EvalFiles:
+    records: Path
+    prompts: Path
+    bon: Path
+    settings: Path
+    lock: Path
+
+    @classmethod
+    def of(cls, eval_dir: Path, split: str, M: int) -> "EvalFiles":
+        stem = f"{split}-M{M}"
+        return cls(eval_dir / f"{stem}.jsonl", eval_dir / f"{split}.prompts.jsonl", eval_dir / f"{stem}.bon.json",
+                   eval_dir / f"{stem}.run.json", eval_dir / f".{stem}.lock")
+
+
+def derive_seed(seed: int, prompt_id: str) -> int:
+    """The sampling seed of one prompt: a function of (recipe seed, prompt id) only, < 2**31."""
+    digest = hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (2**31 - 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Records
+
+
+def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """Every complete record of `path`. A torn last line (no newline: a kill mid-write) is ignored,
+    and cut from the file when `repair` (so the next append starts on a fresh line)."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data) and repair:
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+    out = []
+    for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EvalError(f"{path}:{lineno}: not a JSON record ({exc}); the file is damaged, move it away to re-evaluate") from None
+        if not isinstance(rec, dict) or any(k not in rec for k in RECORD_KEYS):
+            raise EvalError(f"{path}:{lineno}: a record needs the keys {', '.join(RECORD_KEYS)}")
+        out.append(rec)
+    return out
+
+
+def append_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Append records in one write, then flush and fsync (a kill leaves at most one torn line)."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rewards_matrix(records: Sequence[dict[str, Any]], prompt_ids: Sequence[str], M: int, source: str = "records") -> "Any":
+    """records → rewards[P, M] (rows in `prompt_ids` order, columns by sample index); every cell required."""
+    import numpy as np
+
+    row = {pid: i for i, pid in enumerate(prompt_ids)}
+    out = np.full((len(prompt_ids), M), np.nan)
+    for rec in records:
+        i, s = row.get(rec["prompt_id"]), int(rec["sample"])
+        if i is not None and 0 <= s < M:
+            out[i, s] = float(rec["reward"])
+    missing = np.argwhere(np.isnan(out))
+    if len(missing):
+        p, s = missing[0]
+        raise EvalError(f"{source}: {len(missing)} of {out.size} completions are missing (first: prompt {prompt_ids[p]!r}, sample {s})")
+    return out
+
+
+def bon_summary(rewards: "Any", prompt_ids: Sequence[str], split: str, M: int, checkpoint: int | str) -> dict[str, Any]:
+    """rewards[P, M] → the bon.json object: grouped best-of-N for every power of two N dividing M."""
+    Ns = powers_of_two_dividing(M)
+    per_n = [grouped_bon(rewards, n) for n in Ns]  # each [P]
+    return {
+        "split": split,
+        "M": M,
+        "checkpoint": checkpoint,
+        "N": Ns,
+        "mean": [float(v.mean()) for v in per_n],
+        "per_prompt": {pid: [float(v[i]) for v in per_n] for i, pid in enumerate(prompt_ids)},
+    }
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """One writer per evaluation file: a second `tea eval-bon` on the same files stops at once."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(lock, "w") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise EvalError(f"another `tea eval-bon` is writing {lock.parent} (lock {lock.name}); wait for it to finish") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# ------------------------------------------------------------------------------------------------
+# The evaluation
+
+
+@dataclass
+class EvalResult:
+    run: Path
+    files: EvalFiles
+    summary: dict[str, Any]  # bon.json
+    prompts: int
+    skipped_prompts: int
+    resumed_completions: int  # completions found on disk at the start
+    new_completions: int
+    seconds: float
+
+
+def load_run_recipe(run: Path, overrides: Sequence[str] = ()) -> "Recipe":
+    """The run's resolved recipe.yaml, with optional `--set` overrides applied."""
+    import yaml
+
+    from teacli.config import RecipeError, apply_overrides, recipe_from_dict
+
+    path = run / "recipe.yaml"
+    if not path.is_file():
+        raise EvalError(f"{run} is not a run directory (no recipe.yaml)")
+    data = yaml.safe_load(path.read_text()) or {}
+    origin: dict[str, str] = {}
+    try:
+        apply_overrides(data, list(overrides), origin)
+        return recipe_from_dict(data, source=str(path))
+    except RecipeError as exc:
+        raise EvalError(str(exc)) from None
+
+
+def evaluate(
+    run: Path,
+    *,
+    M: int | None = None,
+    split: str | None = None,
+    checkpoint: str = "selected",
+    data_dir: str | None = None,
+    overrides: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] = lambda msg: None,
+) -> EvalResult:
+    """Evaluate (or resume evaluating) one checkpoint of `run`; returns the written bon.json and counts.
+
+    M, split: default the recipe's eval.M and eval.split. `progress(done, total)` is called with
+    completions done (including those found on disk) after each prompt.
+    """
+    run = Path(run)
+    recipe = load_run_recipe(run, overrides)
+    M = M or recipe.eval.M
+    split = split or recipe.eval.split
+    if M < 1:
+        raise EvalError(f"--n: M must be >= 1, got {M}")
+    ckpt = resolve_checkpoint(run, checkpoint)
+    files = EvalFiles.of(ckpt.eval_dir, split, M)
+    settings = _settings(recipe, run, ckpt, split, M, overrides)
+    ckpt.eval_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(files.lock):
+        return _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, progress, log)
+
+
+def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str]) -> dict[str, Any]:
+    from teacli.rollout.base import resolve_engine_name
+
+    r, w = recipe.rollout, recipe.reward
+    return {
+        "split": split,
+        "M": M,
+        "checkpoint": ckpt.label,
+        "checkpoint_path": ckpt.path.relative_to(run).as_posix() if ckpt.path else recipe.policy.name_or_path,
+        "seed": recipe.seed,
+        "sampling": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens},
+        "reward": {"kind": w.kind, "name_or_path": w.name_or_path, "function": w.function, "revision": w.revision,
+                   "max_length": w.max_length, "params": w.params},
+        "max_prompt_tokens": recipe.data.max_prompt_tokens,
+        # Recorded, not compared: they change speed or the random stream, not the distribution.
+        "engine": resolve_engine_name(r.engine),
+        "rollout_batch_size": r.batch_size,
+        "score_batch_size": recipe.eval.score_batch_size,
+        "overrides": list(overrides),
+    }
+
+
+def _check_settings(files: EvalFiles, settings: dict[str, Any], log: Callable[[str], None]) -> None:
+    if not files.settings.exists():
+        return
+    old = json.loads(files.settings.read_text())
+    differ = [k for k in _COMPARED if old.get(k) != settings[k]]
+    if differ:
+        lines = "; ".join(f"{k}: on disk {old.get(k)!r}, now {settings[k]!r}" for k in differ)
+        raise EvalError(
+            f"{files.records.parent} holds an evaluation with other settings ({lines}). Resume with the same "
+            f"settings, or move {files.records.name}, {files.settings.name} and {files.bon.name} away to start over"
+        )
+    changed = [k for k in ("engine", "rollout_batch_size") if old.get(k) != settings[k]]
+    if changed:
+        log(f"note: {', '.join(changed)} changed since the evaluation started; new samples use another random stream")
+
+
+def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, progress, log) -> EvalResult:
+    import torch
+
+    from teacli import models
+    from teacli.data.errors import DataError
+    from teacli.data.load import load_split
+    from teacli.rewards import build_reward, checked_score
+    from teacli.rollout.base import build_engine, sampling_from
+
+    t_start = time.perf_counter()
+    _check_settings(files, settings, log)
+    try:
+        prompts = load_split(data_dir or recipe.data.dir, split)
+    except DataError as exc:
+        raise EvalError(f"{exc} (the run's data.dir; pass --data-dir where the data lives elsewhere)") from None
+    if len({p.id for p in prompts}) != len(prompts):
+        raise EvalError(f"split {split!r} holds duplicate prompt ids")
+
+    policy_cfg = recipe.policy
+    if ckpt.path is not None:  # an HF checkpoint with its tokenizer; LoRA adapters were merged on save
+        policy_cfg = dataclasses.replace(policy_cfg, name_or_path=str(ckpt.path.resolve()), gguf_file=None,
+                                         revision=None, lora=dataclasses.replace(policy_cfg.lora, enabled=False))
+    try:
+        tokenizer = models.load_tokenizer(policy_cfg)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    kept, prompt_ids = [], []
+    for p in prompts:
+        ids = models.encode_chat(tokenizer, p.messages, add_generation_prompt=True)
+        if len(ids) <= recipe.data.max_prompt_tokens:
+            kept.append(p)
+            prompt_ids.append(ids)
+    skipped = len(prompts) - len(kept)
+    if not kept:
+        raise EvalError(f"every prompt of split {split!r} exceeds data.max_prompt_tokens={recipe.data.max_prompt_tokens}")
+    if skipped:
+        log(f"skipped {skipped} of {len(prompts)} prompts longer than data.max_prompt_tokens={recipe.data.max_prompt_tokens}")
+    order = [p.id for p in kept]
+
+    prompt_lines = [{"prompt_id": p.id, "messages": [dict(m) for m in p.messages]} for p in kept]
+    if files.prompts.exists():
+        on_disk = [json.loads(line)["prompt_id"] for line in files.prompts.read_text().splitlines() if line.strip()]
+        if on_disk != order:
+            raise EvalError(
+                f"{files.prompts} lists other prompts than split {split!r} of {data_dir or recipe.data.dir} now gives; "
+                "evaluate with the same data, or move the eval files away"
+            )
+    else:
+        tmp = files.prompts.with_name(f".{files.prompts.name}.tmp")
+        tmp.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in prompt_lines))
+        os.replace(tmp, files.prompts)
+    if not files.settings.exists():
+        _write_json_atomic(files.settings, settings)
+
+    # What is on disk already.
+    records = read_records(files.records, repair=True)
+    known = set(order)
+    have: dict[str, set[int]] = {pid: set() for pid in order}
+    for i, rec in enumerate(records):
+        pid, s = rec["prompt_id"], int(rec["sample"])
+        if pid not in known or not 0 <= s < M:
+            raise EvalError(f"{files.records}: record {i + 1} (prompt {pid!r}, sample {s}) is not part of this evaluation "
+                            f"({len(order)} prompts of {split!r}, M={M})")
+        if s in have[pid]:
+            raise EvalError(f"{files.records}: prompt {pid!r} sample {s} appears twice; the file was written by two processes")
+        have[pid].add(s)
+    resumed = len(records)
+    total = len(order) * M
+    todo = [(p, ids) for p, ids in zip(kept, prompt_ids) if len(have[p.id]) < M]
+    if resumed:
+        log(f"resuming: {resumed} of {total} completions on disk, {len(todo)} prompts to sample")
+    if progress:
+        progress(resumed, total)
+
+    new = 0
+    if todo:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            model = models.load_policy(policy_cfg, device=device).eval()
+            reward = build_reward(recipe.reward, device=device)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
+        # The options reach the vllm engine only; it starts from placeholder weights and gets the
+        # checkpoint's through load_weights (a no-op for the hf engine, which samples with `model`).
+        engine = build_engine(recipe.rollout, model, tokenizer, policy=policy_cfg, seed=recipe.seed,
+                              max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
+        engine.load_weights(model.named_parameters())
+        engine.wake()
+        sampling = sampling_from(recipe.rollout)
+        bs = recipe.eval.score_batch_size
+        done = resumed
+        for prompt, ids in todo:
+            (group,) = engine.generate([ids], M, sampling, derive_seed(recipe.seed, prompt.id))
+            missing = [s for s in range(M) if s not in have[prompt.id]]
+            texts = [group[s].text for s in missing]
+            scores: list[float] = []
+            for start in range(0, len(texts), bs):
+                chunk = texts[start : start + bs]
+                scores.extend(checked_score(reward, [prompt] * len(chunk), chunk).tolist())
+            append_records(files.records, [
+                {"prompt_id": prompt.id, "sample": s, "response": group[s].text, "reward": r, "tokens": len(group[s].token_ids)}
+                for s, r in zip(missing, scores)
+            ])
+            new += len(missing)
+            done += len(missing)
+            if progress:
+                progress(done, total)
+        records = read_records(files.records)
+
+    summary = bon_summary(rewards_matrix(records, order, M, str(files.records)), order, split, M, ckpt.label)
+    _write_json_atomic(files.bon, summary)
+    return EvalResult(run, files, summary, len(order), skipped, resumed, new, time.perf_counter() - t_start)

@@ -1,0 +1,225 @@
+"""End-to-end `tea eval-bon` through the real CLI on a tiny run trained by `tea train` (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+sys.path.insert(0, str(HERE))  # eval_rewards, for in-process runs
+sys.path.insert(0, str(TESTS))  # tiny_lm
+
+from eval_rewards import length_reward  # noqa: E402
+
+from teacli.cli import app  # noqa: E402
+
+M = 8
+SPLIT = "tiny"
+KEYS = {"prompt_id", "sample", "response", "reward", "tokens"}
+
+
+def env(tmp: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(HERE), e.get("PYTHONPATH", "")])
+    e["TEA_CACHE"] = str(tmp / "cache")
+    e["OMP_NUM_THREADS"] = "1"
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    return e
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny run directory: 2 steps of `tea train`, checkpoints at steps 1 and 2, one selected."""
+    from tiny_lm import make_causal_lm, make_tokenizer, save
+
+    from teacli.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("eval_assets")
+    tok = make_tokenizer()
+    save(make_causal_lm(tok), tok, root / "policy")
+    prepare("builtin", root / "data")
+    heldout = (root / "data" / "heldout.jsonl").read_text().splitlines()
+    (root / "data" / f"{SPLIT}.jsonl").write_text("\n".join(heldout[:5]) + "\n")
+    recipe = {
+        "name": "tiny_eval",
+        "policy": {"name_or_path": str(root / "policy"), "dtype": "float32", "gradient_checkpointing": False},
+        "reward": {"kind": "python", "function": "eval_rewards:length_reward"},
+        "data": {"dir": str(root / "data")},
+        "rollout": {"engine": "hf", "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8, "batch_size": 8},
+        "advantage": {"name": "grpo", "params": {}},
+        "optim": {"steps": 2, "lr": 3.0e-3, "micro_batch_size": 8},
+        "kl": {"beta": 0.0},
+        "backend": {"zero_stage": 0, "precision": "fp32"},
+        "checkpoint": {"save_every": 1},
+        "validation": {"prompts": 2, "samples": 2, "top": 1},
+        "eval": {"split": SPLIT, "M": M, "score_batch_size": 4},
+        "logging": {"tensorboard": False},
+    }
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    run = root / "run"
+    cmd = [sys.executable, "-m", "teacli.cli", "train", str(root / "recipe.yaml"), "--run-dir", str(run)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(root), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (run / "selected.json").exists() and (run / "checkpoints" / "step_000001").is_dir()
+    return run
+
+
+def tea(*args: str, cwd: Path | None = None):
+    old = Path.cwd()
+    if cwd:
+        os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, list(args))
+    finally:
+        os.chdir(old)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def recomputed_bon(records: list[dict], prompt_ids: list[str]) -> dict[str, list[float]]:
+    """Grouped best-of-N by hand from the records: consecutive groups of N in sample order."""
+    out = {}
+    for pid in prompt_ids:
+        r = [rec["reward"] for rec in sorted((x for x in records if x["prompt_id"] == pid), key=lambda x: x["sample"])]
+        values = []
+        for n in (1, 2, 4, 8):
+            maxima = [max(r[g * n : (g + 1) * n]) for g in range(M // n)]
+            values.append(sum(maxima) / len(maxima))
+        out[pid] = values
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluated(trained) -> Path:
+    res = tea("eval-bon", str(trained))
+    assert res.exit_code == 0, res.output
+    return trained
+
+
+def test_eval_bon_writes_records_prompts_and_grouped_bon(evaluated):
+    run = evaluated
+    ev = run / "eval"
+    records = read_jsonl(ev / f"{SPLIT}-M{M}.jsonl")
+    prompts = read_jsonl(ev / f"{SPLIT}.prompts.jsonl")
+    bon = json.loads((ev / f"{SPLIT}-M{M}.bon.json").read_text())
+    selected = json.loads((run / "selected.json").read_text())
+
+    assert len(prompts) == 5 and all(set(p) == {"prompt_id", "messages"} for p in prompts)
+    ids = [p["prompt_id"] for p in prompts]
+    assert len(records) == 5 * M
+    for rec in records:
+        assert set(rec) == KEYS
+        assert isinstance(rec["prompt_id"], str) and isinstance(rec["sample"], int) and isinstance(rec["response"], str)
+        assert isinstance(rec["reward"], float) and isinstance(rec["tokens"], int) and 1 <= rec["tokens"] <= 8
+        assert rec["reward"] == pytest.approx(length_reward(None, [rec["response"]])[0], rel=1e-6)  # scored this response
+    assert sorted((r["prompt_id"], r["sample"]) for r in records) == sorted((p, s) for p in ids for s in range(M))
+
+    assert set(bon) == {"split", "M", "checkpoint", "N", "mean", "per_prompt"}
+    assert (bon["split"], bon["M"], bon["checkpoint"]) == (SPLIT, M, selected["step"])
+    assert bon["N"] == [1, 2, 4, 8]
+    assert list(bon["per_prompt"]) == ids
+    expected = recomputed_bon(records, ids)
+    for pid in ids:
+        assert bon["per_prompt"][pid] == pytest.approx(expected[pid], abs=1e-12)
+    assert bon["mean"] == pytest.approx(np.mean([expected[p] for p in ids], axis=0).tolist(), abs=1e-12)
+    assert bon["mean"] == sorted(bon["mean"])  # best-of-N grows with N
+    assert len({r["response"] for r in records}) > 1  # sampled, not greedy
+
+    # Re-running a finished evaluation samples nothing and leaves the records as they were.
+    before = (ev / f"{SPLIT}-M{M}.jsonl").read_text()
+    res = tea("eval-bon", str(run))
+    assert res.exit_code == 0, res.output
+    assert "0 completions sampled now, 40 found on disk" in res.output
+    assert (ev / f"{SPLIT}-M{M}.jsonl").read_text() == before
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(evaluated, tmp_path):
+    run = tmp_path / "killed_run"
+    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
+    slow = ["--set", "reward.function=eval_rewards:slow_length_reward"]
+    records = run / "eval" / f"{SPLIT}-M{M}.jsonl"
+    cmd = [sys.executable, "-m", "teacli.cli", "eval-bon", str(run), *slow]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(tmp_path), start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if records.exists() and len(records.read_text().splitlines()) >= 2 * M:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    lines = records.read_text().splitlines()
+    assert 2 * M <= len(lines) < 5 * M, len(lines)
+    # Make the interruption as bad as a kill can be: a prompt half-written and a torn last line.
+    keep = lines[: len(lines) - 3]
+    records.write_text("\n".join(keep) + "\n" + lines[len(keep)][:25])
+
+    res = tea("eval-bon", str(run), *slow)
+    assert res.exit_code == 0, res.output
+    assert f"{len(keep)} found on disk" in res.output
+    got = read_jsonl(records)
+    keys = [(r["prompt_id"], r["sample"]) for r in got]
+    assert len(keys) == len(set(keys)) == 5 * M  # nothing duplicated, nothing lost
+    assert [json.loads(line) for line in keep] == got[: len(keep)]  # append-only: kept lines untouched
+    ref_records = read_jsonl(evaluated / "eval" / f"{SPLIT}-M{M}.jsonl")
+    assert sorted(got, key=lambda r: (r["prompt_id"], r["sample"])) == sorted(ref_records, key=lambda r: (r["prompt_id"], r["sample"]))
+    name = f"{SPLIT}-M{M}.bon.json"
+    assert (run / "eval" / name).read_text() == (evaluated / "eval" / name).read_text()
+
+
+def test_checkpoint_base_and_step(evaluated):
+    run = evaluated
+    res = tea("eval-bon", str(run), "--checkpoint", "base")
+    assert res.exit_code == 0, res.output
+    res = tea("eval-bon", str(run), "--checkpoint", "step_1")
+    assert res.exit_code == 0, res.output
+    base = json.loads((run / "eval" / "base" / f"{SPLIT}-M{M}.bon.json").read_text())
+    step1 = json.loads((run / "eval" / "step_000001" / f"{SPLIT}-M{M}.bon.json").read_text())
+    assert base["checkpoint"] == "base" and step1["checkpoint"] == 1
+    assert (run / "eval" / "base" / f"{SPLIT}.prompts.jsonl").exists()
+    # Same per-prompt seeds, different weights: the trained checkpoint samples other responses.
+    responses = lambda d: [r["response"] for r in read_jsonl(run / "eval" / d / f"{SPLIT}-M{M}.jsonl")]  # noqa: E731
+    assert responses("base") != responses("step_000001")
+
+    res = tea("eval-bon", str(run), "--checkpoint", "step_99")
+    assert res.exit_code == 2 and "step_1, step_2" in res.output
+
+
+def test_resume_refuses_other_settings_and_a_missing_run(evaluated, tmp_path):
+    res = tea("eval-bon", str(evaluated), "--set", "rollout.temperature=0.5")
+    assert res.exit_code == 2
+    assert "other settings" in res.output and "sampling" in res.output
+    res = tea("eval-bon", str(tmp_path))
+    assert res.exit_code == 2 and "not a run directory" in res.output
+
+
+def test_default_run_is_the_current_or_most_recent(tmp_path):
+    from teacli.eval.bon import EvalError, default_run_dir
+
+    with pytest.raises(EvalError, match="no RUN_DIR"):
+        default_run_dir(tmp_path)
+    for i, name in enumerate(["old", "new"]):
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        (d / "recipe.yaml").write_text("name: x\n")
+        os.utime(d / "recipe.yaml", (1_000_000 + i, 1_000_000 + i))
+    assert default_run_dir(tmp_path) == tmp_path / "runs" / "new"
+    os.utime(tmp_path / "runs" / "old" / "recipe.yaml", (2_000_000, 2_000_000))
+    assert default_run_dir(tmp_path) == tmp_path / "runs" / "old"
+    assert default_run_dir(tmp_path / "runs" / "new") == tmp_path / "runs" / "new"
+    help_text = " ".join(tea("eval-bon", "--help").output.replace("│", " ").split())
+    assert "most recently active run under runs/" in help_text
