@@ -338,6 +338,123 @@ def judge(
     typer.echo(f"wrote {summary.path}")
 
 
+# ------------------------------------------------------------------------------------------------
+# tea eval-bon, tea report
+
+
+@app.command("eval-bon")
+def eval_bon(
+    run_dirs: Optional[list[Path]] = typer.Argument(
+        None,
+        help="Run directories to evaluate, one after another. Default: the current directory if it holds a "
+        "recipe.yaml, else the most recently active run under runs/ (the one whose recipe/metrics/validation/"
+        "selection files changed last).",
+        show_default=False,
+        metavar="RUN_DIR",
+    ),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="M: completions per prompt (default: the recipe's eval.M; paper 256, scaling 512)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Held-out split of the run's data.dir (default: the recipe's eval.split, e.g. core250)."),
+    checkpoint: str = typer.Option(
+        "selected", "--checkpoint",
+        help="selected (selected.json; files in eval/), step_N (checkpoints/step_N; eval/step_XXXXXX/) or base (the untrained policy; eval/base/).",
+    ),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Where the split files live, when not at the run's data.dir."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key of the run's recipe, e.g. --set rollout.engine=vllm (repeatable)."),
+) -> None:
+    """Sample M completions per held-out prompt, score them, write records and grouped best-of-N.
+
+    Writes eval/<split>-M<M>.jsonl (one line per completion), eval/<split>.prompts.jsonl and
+    eval/<split>-M<M>.bon.json (bo<N> for every power of two N dividing M). Re-running resumes a
+    killed evaluation where it stopped, without duplicating or losing records (docs/evaluation.md).
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    from teacli.eval.bon import EvalError, default_run_dir, evaluate
+
+    class Speed(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text("– completions/s" if not task.speed else f"{task.speed:.2f} completions/s")
+
+    console = Console(stderr=True)
+    try:
+        runs = list(run_dirs) if run_dirs else [default_run_dir()]
+    except EvalError as exc:
+        _fail(str(exc))
+        return
+    if not run_dirs:
+        why = "the current directory" if runs[0] == Path.cwd() else "the most recently active run under runs/"
+        typer.echo(f"no RUN_DIR given: evaluating {runs[0]} ({why})")
+    for run in runs:
+        columns = (TextColumn(run.name), BarColumn(), MofNCompleteColumn(), Speed(), TimeElapsedColumn(), TimeRemainingColumn())
+        try:
+            with Progress(*columns, console=console, transient=False) as bar:
+                task = bar.add_task(run.name, total=None)
+
+                def on_progress(done: int, total: int) -> None:
+                    if bar.tasks[0].total is None:  # the first call: what was already on disk is not speed
+                        bar.reset(task, total=total, completed=done)
+                    else:
+                        bar.update(task, completed=done)
+
+                result = evaluate(run, M=n, split=split, checkpoint=checkpoint, data_dir=data_dir, overrides=set_,
+                                  progress=on_progress, log=lambda msg: console.print(f"{run.name}: {msg}", markup=False, highlight=False))
+        except (EvalError, ValueError) as exc:
+            _fail(f"{run}: {exc}")
+            return
+        s = result.summary
+        values = "  ".join(f"bo{k} {v:.3f}" for k, v in zip(s["N"], s["mean"]))
+        typer.echo(f"{run} (checkpoint {s['checkpoint']}, {s['split']}, M={s['M']}, {result.prompts} prompts): {values}")
+        typer.echo(f"  {result.new_completions} completions sampled now, {result.resumed_completions} found on disk; wrote {result.files.bon}")
+
+
+@app.command()
+def report(
+    run_dirs: Optional[list[Path]] = typer.Argument(
+        None,
+        help="Run directories to compare. Default: the current directory if it holds a recipe.yaml, else every run "
+        "under runs/ with a finished evaluation.",
+        show_default=False,
+        metavar="RUN_DIR",
+    ),
+    bootstrap: int = typer.Option(1000, "--bootstrap", min=1, help="Paired prompt-bootstrap resamples."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Run every delta is taken against (name or path; default: the first RUN_DIR)."),
+    out: Path = typer.Option(Path("report"), "--out", help="Output directory for tables (md, tex, csv) and plots (png)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Evaluated split to report (needed only when the runs have several)."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="M of the evaluation to report (needed only when the runs have several)."),
+    checkpoint: str = typer.Option("selected", "--checkpoint", help="Which evaluation: selected (eval/), base (eval/base/) or step_N (eval/step_XXXXXX/)."),
+    endpoints: Optional[str] = typer.Option(None, "--endpoints", help="High-N columns, e.g. 64,128,256 (default: the three largest N)."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+) -> None:
+    """Compare runs' best-of-N evaluations: bootstrap deltas to a baseline, win/tie/loss, lengths, judge W–L.
+
+    Reads run directories only (eval/, judge/, recipe.yaml) and writes the paper's table layouts as
+    Markdown, LaTeX and CSV plus frontier.png and delta.png (docs/evaluation.md).
+    """
+    from teacli.report.build import ReportError, build_report, default_report_runs
+    from teacli.report.tables import markdown
+
+    try:
+        ends = [int(x) for x in endpoints.replace(" ", "").split(",") if x] if endpoints else None
+    except ValueError:
+        _fail(f"--endpoints {endpoints!r}: expected numbers separated by commas, e.g. 64,128,256")
+        return
+    try:
+        runs = list(run_dirs) if run_dirs else default_report_runs(checkpoint=checkpoint)
+        if not run_dirs:
+            typer.echo(f"no RUN_DIR given: reporting {', '.join(str(r) for r in runs)}")
+        result = build_report(runs, out, baseline=baseline, resamples=bootstrap, seed=seed, split=split, M=n,
+                              checkpoint=checkpoint, endpoints=ends)
+    except ReportError as exc:
+        _fail(str(exc))
+        return
+    for table in result.tables:
+        if table.name in ("frontier", "endpoints", "win_tie_loss", "judge"):
+            typer.echo(markdown(table))
+    typer.echo(f"wrote {len(result.files)} files to {result.out} (report.md, report.tex, summary.json, tables, plots)")
+
+
 def main() -> None:
     """Console entry point. Accepts the `--local_rank=N` that the deepspeed launcher prepends."""
     import os
