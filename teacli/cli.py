@@ -129,7 +129,34 @@ def train(
         path = run_training(r, Path(run_dir) if run_dir else Path("runs") / r.name)
     except (TrainError, DataError, RecipeError, ValueError) as exc:
         _fail(str(exc))
-    typer.echo(f"run directory: {path}")
+    import os
+
+    if os.environ.get("RANK", "0") == "0":
+        typer.echo(f"run directory: {path}")
+
+
+# ------------------------------------------------------------------------------------------------
+# tea study
+
+
+@app.command()
+def study(
+    study_file: str = typer.Argument(..., help="Study YAML, e.g. recipes/studies/uf_core250.yaml."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the stages and whether each is done; run nothing."),
+) -> None:
+    """Train, evaluate and report a set of recipes as one comparison, skipping finished stages.
+
+    Run it again after an interruption: finished stages are skipped, an unfinished training run
+    resumes from its last checkpoint and an unfinished evaluation from its records.
+    """
+    from teacli.study import StudyError, load_study, run_study
+
+    try:
+        ran = run_study(load_study(study_file), dry_run=dry_run, echo=typer.echo)
+    except StudyError as exc:
+        _fail(str(exc))
+    if not dry_run:
+        typer.echo(f"study done ({ran} stage(s) run)")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -154,6 +154,7 @@ class ValidationConfig:
     prompts: int = field(128, "Fixed validation prompts (the first of the val split).", ge=1)
     samples: int = field(32, "Completions per validation prompt.", ge=1)
     top: int = field(10, "Score = mean of the top this many rewards per prompt, averaged over prompts.", ge=1)
+    at_start: bool = field(True, "Also score the untrained policy (validation.jsonl step 0; not a selectable checkpoint).")
 
 
 @dataclass

@@ -55,12 +55,14 @@ def llama_config(tokenizer, **overrides):
     return LlamaConfig(**values)
 
 
-def make_causal_lm(tokenizer, seed: int = 0):
+def make_causal_lm(tokenizer, seed: int = 0, **config):
+    """`config` overrides llama_config's values (e.g. num_attention_heads=2 for vLLM's CPU kernels,
+    which need a head size of at least 32)."""
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(tokenizer)).eval()
+    model = LlamaForCausalLM(llama_config(tokenizer, **config)).eval()
     with torch.no_grad():  # larger logits than the 0.02-std init: distinct, non-uniform next-token distributions
         model.lm_head.weight.mul_(8.0)
     return model

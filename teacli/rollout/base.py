@@ -7,14 +7,16 @@ and nothing else, so that switching engines changes speed, not the samples' dist
 Two engines plug in behind `RolloutEngine`:
   * `hf` (teacli/rollout/hf.py): transformers `generate` on the trainer's own module (CPU or GPU).
     It shares the weights, so `load_weights` is a no-op, and it has no memory to release.
-  * `vllm` (teacli/rollout/vllm_engine.py, not written yet): a colocated `vllm.LLM` whose weights
-    the trainer pushes after each update (`load_weights`, via collective_rpc), which sleeps
-    (level 1: weights offloaded, KV cache freed) while the trainer runs and wakes to generate.
+  * `vllm` (teacli/rollout/vllm_engine.py): a colocated `vllm.LLM` whose weights the trainer
+    pushes before the first step and after each update (`load_weights`), which sleeps (level 1:
+    weights offloaded, KV cache freed) while the trainer runs and wakes to generate, and which
+    checks after each push that its log-probs agree with the trainer's.
     `build_engine` constructs it as `VLLMEngine(cfg, model, tokenizer, **options)`; it is the only
     module that imports vllm.
 
-The loop calls, per step: `engine.wake()`, `engine.generate(...)`, `engine.sleep()`, train, then
-`engine.load_weights(named_parameters)`. Every method must be safe to call in that order on
+The loop calls `engine.load_weights(named_parameters)` once before the first step, then per step:
+`engine.wake()`, `engine.generate(...)`, `engine.sleep()`, train, `engine.load_weights(...)`, and
+records `engine.stats()` in metrics.jsonl. Every method must be safe to call in that order on
 every engine.
 """
 
@@ -56,6 +58,18 @@ class RolloutEngine(Protocol):
     def wake(self) -> None:
         """Undo `sleep` before generating (no-op where unsupported)."""
         ...
+
+    def stats(self) -> dict[str, float]:
+        """Engine facts for the step's metrics.jsonl line (e.g. the vllm engine's weight-sync
+        agreement); the same keys every step, or none."""
+        ...
+
+
+class RolloutSyncError(ValueError):
+    """The engine's weights do not match the trainer's after a push (it would sample off-policy).
+
+    A ValueError so that `tea` reports it as a clear error naming the recipe key, not a traceback.
+    """
 
 
 def sampling_from(cfg: "RolloutConfig") -> SamplingConfig:

@@ -78,6 +78,10 @@ class HFEngine:
     def wake(self) -> None:
         """No-op (see `sleep`)."""
 
+    def stats(self) -> dict[str, float]:
+        """Nothing to report: the engine samples from the trainer's own module."""
+        return {}
+
     # -- helpers ----------------------------------------------------------------------------------
 
     def _generation_config(self, sampling: SamplingConfig) -> Any:

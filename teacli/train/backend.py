@@ -178,6 +178,25 @@ def generation_weights(engine, zero_stage: int) -> Iterator[None]:
             offload.setup_zero_stage3_hooks()
 
 
+def named_weights(model, zero_stage: int) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """(name, full tensor) for each parameter in turn: what the trainer pushes to a rollout engine.
+
+    ZeRO-0/1/2 yield the parameters themselves (detached, no copy). ZeRO-3 gathers one parameter
+    at a time and yields a copy, so a push needs one parameter's worth of extra memory, not a
+    model's; the gather is collective, so every rank must consume the iterator, in the same order.
+    """
+    if zero_stage != 3:
+        for name, p in model.named_parameters():
+            yield name, p.detach()
+        return
+    import deepspeed
+
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+            full = p.detach().clone()
+        yield name, full  # outside the gather: a consumer that stops early cannot leave a collective open
+
+
 def full_state_dict(model, zero_stage: int, is_main: bool) -> dict[str, "torch.Tensor"] | None:
     """A CPU copy of the full state dict on the main rank (collective under ZeRO-3: every rank calls it)."""
     state: dict[str, Any] = {}

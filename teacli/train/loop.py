@@ -131,7 +131,10 @@ def _setup(recipe: "Recipe", run: RunDir, world):
     local_seqs = (P // world.world_size) * m
     grad_accum = -(-local_seqs // recipe.optim.micro_batch_size)
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
-    rollout = build_rollout(recipe.rollout, engine.module, tokenizer)
+    rollout = build_rollout(
+        recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
+        max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
+    )  # the options reach the vllm engine only
     return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, precision, grad_accum
 
 
@@ -269,7 +272,8 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         start = step_done
-        rollout.load_weights(engine.module.named_parameters())
+    # Engines with their own copy of the weights (vllm) get the trainer's, now and after every update.
+    rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
     local_P = P // world.world_size
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -278,9 +282,19 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     if recipe.advantage.name == "chow":
         adv_params["generator"] = torch.Generator().manual_seed(recipe.seed * 7919 + world.rank + start)
     progress = Progress(recipe.optim.steps, start, enabled=world.is_main, name=recipe.name)
+    phase = "setup"
     try:
+        has_baseline = backend.broadcast_object(any(r.get("step") == 0 for r in run.read_jsonl(run.validation)))
+        if start == 0 and recipe.validation.enabled and recipe.validation.at_start and not has_baseline:
+            # The untrained policy's score: the baseline every checkpoint is compared with.
+            phase = "validation (validation.samples, rollout.batch_size)"
+            result = _validation(engine, rollout, tokenizer, reward, val_prompts, recipe)
+            if world.is_main:
+                run.append(run.validation, {"step": 0, **result})
+                sink.note(f"step 0 (untrained policy): validation {result['score']:.4f}")
         for step in range(start, recipe.optim.steps):
             t_step = time.perf_counter()
+            phase = "generation (rollout.batch_size, rollout.max_new_tokens)"
             batch = step_prompts(train_prompts, step, P, recipe.seed)[world.rank * local_P : (world.rank + 1) * local_P]
             rollout.wake()
             with backend.generation_weights(engine, recipe.backend.zero_stage):
@@ -292,12 +306,13 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 advantages = compute_advantages(recipe.advantage.name, rewards.double(), **adv_params).float()
             except ValueError as exc:
                 raise TrainError(f"advantage.name={recipe.advantage.name!r}: {exc}") from None
+            phase = "training (optim.micro_batch_size, policy.gradient_checkpointing)"
             t0 = time.perf_counter()
             stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, world.device)
             t_train = time.perf_counter() - t0 - stats.pop("time_ref_logprobs")
             t_ref = time.perf_counter() - t0 - t_train
             t0 = time.perf_counter()
-            rollout.load_weights(engine.module.named_parameters())
+            rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))
             t_sync = time.perf_counter() - t0
             lengths = torch.tensor([len(c.token_ids) for g in groups for c in g], dtype=torch.float32)
             elapsed = time.perf_counter() - t_step
@@ -314,12 +329,19 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 "skipped_prompts": skipped,
                 "time_generate": t_gen, "time_reward": t_rew, "time_ref_logprobs": t_ref, "time_train": t_train, "time_sync": t_sync,
                 "time_step": elapsed, "tokens_per_s": float(lengths.sum()) * world.world_size / max(t_gen, 1e-9),
+                **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
             }
             record = {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
             sink.write(record)
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
+                phase = "validation and checkpoint (validation.samples, rollout.batch_size)"
                 _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink)
+    except torch.OutOfMemoryError:
+        raise TrainError(
+            f"out of memory during {phase}: lower the recipe keys named there, or use backend.zero_stage: 3 "
+            f"and backend.offload_optimizer: true; the run directory keeps its last complete checkpoint"
+        ) from None
     finally:
         progress.close()
         sink.close()
@@ -330,12 +352,7 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     from teacli.train import backend
 
     if recipe.validation.enabled:
-        rollout.wake()
-        with backend.generation_weights(engine, recipe.backend.zero_stage):
-            # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
-            result = validate(rollout, tokenizer, reward, val_prompts, recipe, seed=recipe.seed + 7)
-        rollout.sleep()
-        result = backend.broadcast_object(result)
+        result = _validation(engine, rollout, tokenizer, reward, val_prompts, recipe)
     save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": step * recipe.rollout.prompts_per_step})
     if world.is_main:
         if recipe.validation.enabled:
@@ -344,6 +361,17 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
             sink.note(f"step {step}: validation {result['score']:.4f}; selected step {selected['step']}")
         run.prune(recipe.checkpoint.keep_last)
     backend.barrier()
+
+
+def _validation(engine, rollout, tokenizer, reward, val_prompts, recipe) -> dict[str, Any]:
+    from teacli.train import backend
+
+    rollout.wake()
+    with backend.generation_weights(engine, recipe.backend.zero_stage):
+        # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
+        result = validate(rollout, tokenizer, reward, val_prompts, recipe, seed=recipe.seed + 7)
+    rollout.sleep()
+    return backend.broadcast_object(result)
 
 
 def _prepare_run_dir(run: RunDir, recipe: "Recipe", world) -> tuple[int, Path] | None:

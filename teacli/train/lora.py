@@ -1,8 +1,10 @@
-"""LoRA through peft: wrapping the policy and merging adapters into plain weights for saving."""
+"""LoRA through peft: wrapping the policy and merging adapters into plain weights (for saving, and
+for pushing to a rollout engine that serves the base architecture, such as vLLM)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,19 +32,47 @@ def merged_state_dict(peft_model, state: dict[str, "torch.Tensor"]) -> dict[str,
     `state` is a full (gathered, CPU) state dict of the PEFT model. Keys lose the PEFT prefix
     `base_model.model.` and the `.base_layer` infix; `lora_*` tensors are folded in and dropped.
     """
+    return dict(merged_named_tensors(peft_model, state.items()))
+
+
+def merged_named_tensors(peft_model, named: Iterable[tuple[str, "torch.Tensor"]]) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """Stream a PEFT model's (name, tensor) pairs as base-model pairs with every LoRA pair merged.
+
+    Names as in `merged_state_dict`. A wrapped layer's base weight is held only until its
+    lora_A and lora_B arrive (they follow it in `named_parameters()` order), so streaming a
+    model holds at most a layer's worth of extra tensors. The merge runs in fp32 on the tensors'
+    device and returns the base weight's dtype. Adapters other than the default adapter's plain
+    lora_A/lora_B (DoRA magnitudes, LoRA embeddings) are an error, not silently dropped.
+    """
     scaling = _scalings(peft_model)
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if ".lora_" in key:
+    held: dict[str, dict[str, Any]] = {}  # wrapped layer → {"base", "A", "B"} seen so far
+    for key, value in named:
+        layer, part = _lora_part(key)
+        if part is None:
+            yield peft_to_base_name(key), value
             continue
-        clean = key.removeprefix("base_model.model.").replace(".base_layer.", ".")
-        if key.endswith(".base_layer.weight"):
-            prefix = key[: -len(".base_layer.weight")]
-            a, b = state.get(f"{prefix}.lora_A.default.weight"), state.get(f"{prefix}.lora_B.default.weight")
-            if a is not None and b is not None:
-                value = (value.float() + scaling[prefix] * (b.float() @ a.float())).to(value.dtype)
-        out[clean] = value
-    return out
+        parts = held.setdefault(layer, {})
+        parts[part] = value
+        if len(parts) == 3:
+            del held[layer]
+            w = parts["base"]
+            merged = w.float() + scaling[layer] * (parts["B"].float() @ parts["A"].float())
+            yield peft_to_base_name(f"{layer}.weight"), merged.to(w.dtype)
+    if held:
+        raise ValueError(f"LoRA merge: layers without a complete base weight + lora_A + lora_B: {sorted(held)[:3]}")
+
+
+_LORA_PARTS = ((".base_layer.weight", "base"), (".lora_A.default.weight", "A"), (".lora_B.default.weight", "B"))
+
+
+def _lora_part(key: str) -> tuple[str, str | None]:
+    """'...q_proj.lora_A.default.weight' → ('...q_proj', 'A'); a tensor outside LoRA → (key, None)."""
+    for suffix, part in _LORA_PARTS:
+        if key.endswith(suffix):
+            return key[: -len(suffix)], part
+    if ".lora_" in key:
+        raise ValueError(f"LoRA merge: unsupported adapter tensor {key!r} (only the default adapter's lora_A/lora_B merge)")
+    return key, None
 
 
 def _scalings(peft_model) -> dict[str, float]:

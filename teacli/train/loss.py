@@ -28,8 +28,13 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
     import torch
 
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
-    logits = logits[:, n_prompt - 1 : -1]  # predictions for the completion positions
+    n_completion = input_ids.shape[1] - n_prompt
+    # Only the last n_completion + 1 positions need the LM head (it is a large share of a small model's FLOPs).
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+        logits_to_keep=n_completion + 1,
+    ).logits
+    logits = logits[:, -(n_completion + 1) : -1]  # predictions for the completion positions
     targets = input_ids[:, n_prompt:]
     # Row by row: log_softmax over a large vocabulary in fp32 for the whole batch would dominate memory.
     out = []

@@ -97,9 +97,9 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
     assert all(r["grad_norm"] > 0 for r in rows)
     assert rows[-1]["kl"] > 0  # the policy moved away from the reference
     val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
-    assert [v["step"] for v in val] == [2, 4]
+    assert [v["step"] for v in val] == [0, 2, 4]  # step 0: the untrained policy's baseline
     selected = json.loads((run / "selected.json").read_text())
-    best = max(val, key=lambda v: (v["score"], -v["step"]))
+    best = max(val[1:], key=lambda v: (v["score"], -v["step"]))  # only saved checkpoints are selectable
     assert selected["step"] == best["step"] and (run / selected["path"]).is_dir()
     assert yaml.safe_load((run / "recipe.yaml").read_text())["advantage"]["name"] == "grpo"
 
@@ -196,3 +196,43 @@ def test_bad_input_is_a_clear_error_and_keeps_the_run(assets, tmp_path):
     nan = recipe(assets, other, reward={"kind": "python", "function": "math:nan_reward_does_not_exist"})
     proc = tea_train(nan, tmp_path / "run_nan", tmp_path, check=False)
     assert proc.returncode == 2 and "reward.function" in proc.stderr
+
+
+def test_lora_trains_adapters_and_saves_merged_weights(assets, tmp_path):
+    run = tmp_path / "lora"
+    rec = recipe(
+        assets, tmp_path, optim__steps=2, optim__lr=1.0e-2,
+        policy={"name_or_path": str(assets / "policy"), "dtype": "float32", "gradient_checkpointing": False,
+                "lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+    )
+    tea_train(rec, run, tmp_path)
+    rows = metrics(run)
+    assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # reference = the same model with adapters disabled
+    assert rows[1]["kl"] > 0
+    ckpt = run / "checkpoints" / "step_000002"
+    after, before = load_weights(ckpt), load_weights(assets / "policy")
+    assert set(after) == set(before)  # plain model names: no PEFT prefixes, no lora_ tensors
+    for key in before:
+        moved = not (after[key] == before[key]).all()
+        assert moved == (".q_proj." in key or ".v_proj." in key), key
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(ckpt)
+
+
+def test_nan_reward_stops_with_the_prompt_id_and_keeps_the_run(assets, tmp_path):
+    run = tmp_path / "nan"
+    tea_train(recipe(assets, tmp_path, optim__steps=2), run, tmp_path)
+    kept = (run / "metrics.jsonl").read_text()
+    rec = recipe(assets, tmp_path, optim__steps=4, reward__function="rewards_for_tests:nan_reward")
+    # a new recipe needs a new run directory; copy the finished run so nothing is lost on failure
+    import shutil
+
+    run2 = tmp_path / "nan2"
+    shutil.copytree(run, run2)
+    (run2 / "recipe.yaml").unlink()
+    proc = tea_train(rec, run2, tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "returned NaN for prompt" in proc.stderr and "reward" in proc.stderr and "Traceback" not in proc.stderr
+    assert (run / "metrics.jsonl").read_text() == kept
+    assert (run2 / "checkpoints" / "step_000002" / "model.safetensors").exists()

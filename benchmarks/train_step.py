@@ -1,0 +1,150 @@
+"""Time a few real training steps of a Llama-3.2-1B-shaped policy and print a table by phase.
+
+    # one GPU, ZeRO-2
+    python benchmarks/train_step.py --zero 2
+    # two GPUs, ZeRO-3
+    torchrun --nproc_per_node 2 benchmarks/train_step.py --zero 3
+
+Standard workload (the issue's): 4 prompts of 128 tokens x m = 64 completions x 256 new tokens
+per step, beta = 0.1 (k3), bf16 with fp32 master weights, gradient checkpointing, TEA advantages,
+eager attention. The model is random-initialised from Llama-3.2-1B's shape (hidden 2048,
+16 layers, 32/8 heads, vocab 128,256, tied embeddings), so no download is needed; the reward is a
+cheap deterministic function of the text (the reward-model phase is not what this measures).
+The step itself is the trainer's: `teacli.train.loop.train_step` over a DeepSpeed engine from
+`teacli.train.backend`, generation by the `hf` rollout engine (under ZeRO-3 with gathered weights).
+`--small` shrinks everything for a CPU smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def tokenizer_for(vocab: int):
+    """A word-level tokenizer whose ids cover the whole vocabulary ('t0' ... 't<vocab-1>')."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    # eos = the last id: a random model emits it with probability ~1/vocab per token.
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{vocab - 1}", pad_token=f"t{vocab - 2}", unk_token="t0")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--zero", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--group-size", type=int, default=64, help="m: completions per prompt")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--gen-batch", type=int, default=256)
+    p.add_argument("--attn", default="eager")
+    p.add_argument("--no-grad-ckpt", action="store_true", help="disable gradient checkpointing")
+    p.add_argument("--small", action="store_true", help="tiny shapes for a CPU smoke run")
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args()
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from teacli.advantages import compute_advantages
+    from teacli.config import Recipe
+    from teacli.rollout.hf import HFEngine
+    from teacli.train import backend
+    from teacli.train.loop import train_step
+    from teacli.train.loss import token_logprobs  # noqa: F401  (the loss path used by train_step)
+    from teacli.types import SamplingConfig
+
+    world = backend.init_world()
+    if args.small:
+        shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    else:
+        shape = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+    config = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=500000.0)
+    config._attn_implementation = args.attn
+    tokenizer = tokenizer_for(config.vocab_size)
+    config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    recipe = Recipe()
+    recipe.backend.zero_stage = args.zero
+    recipe.backend.precision = "bf16" if world.device.type == "cuda" or backend.bf16_supported(world.device) else "fp32"
+    recipe.optim.micro_batch_size = args.micro_batch
+    recipe.kl.beta, recipe.kl.estimator = 0.1, "k3"
+    local_prompts = args.prompts // world.world_size
+    local_seqs = local_prompts * args.group_size
+    grad_accum = -(-local_seqs // args.micro_batch)
+
+    torch.manual_seed(0)
+    policy = LlamaForCausalLM(config).to(world.device)
+    if not args.no_grad_ckpt:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    dtype = torch.bfloat16 if recipe.backend.precision == "bf16" else torch.float32
+    reference = LlamaForCausalLM(config).to(device=world.device, dtype=dtype).eval().requires_grad_(False)
+    reference.load_state_dict(policy.state_dict())
+    engine = backend.build_engine(policy, recipe, world, grad_accum, recipe.backend.precision)
+    rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
+
+    def sync():
+        if world.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    rows = []
+    for step in range(args.steps + 1):
+        g = torch.Generator().manual_seed(1000 + step * world.world_size + world.rank)
+        prompt_ids = torch.randint(0, config.vocab_size - 2, (local_prompts, args.prompt_len), generator=g).tolist()
+        if world.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        t0 = time.perf_counter()
+        with backend.generation_weights(engine, args.zero):
+            t_gather = time.perf_counter() - t0
+            groups = rollout.generate(prompt_ids, args.group_size, sampling, seed=step)
+            sync()
+        t1 = time.perf_counter()
+        texts = [c.text for grp in groups for c in grp]
+        rewards = torch.tensor([(sum(map(ord, t[:64])) % 997) / 997.0 for t in texts]).reshape(local_prompts, args.group_size)
+        t2 = time.perf_counter()
+        advantages = compute_advantages("tea", rewards.double()).float()
+        stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, world.device)
+        sync()
+        t3 = time.perf_counter()
+        new_tokens = sum(len(c.token_ids) for grp in groups for c in grp)
+        row = {
+            "step": step,
+            "generate_s": t1 - t0 - t_gather,
+            "sync_gather_s": t_gather,
+            "reward_s": t2 - t1,
+            "ref_logprobs_s": stats["time_ref_logprobs"],
+            "backward_step_s": t3 - t2 - stats["time_ref_logprobs"],
+            "step_s": t3 - t0,
+            "new_tokens": new_tokens * world.world_size,
+            "gen_tokens_per_s": new_tokens * world.world_size / max(t1 - t0 - t_gather, 1e-9),
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if world.device.type == "cuda" else float("nan"),
+        }
+        keys = [k for k in row if k != "step"]
+        rows.append(backend.all_reduce_mean(row) | {"step": step})
+    if world.is_main:
+        measured = rows[1:] or rows
+        device = torch.cuda.get_device_name() if world.device.type == "cuda" else "cpu"
+        print(f"\n{device} x{world.world_size}, ZeRO-{args.zero}, {recipe.backend.precision}, attn={args.attn}, "
+              f"micro-batch {args.micro_batch}, grad-ckpt {not args.no_grad_ckpt}, {args.prompts} prompts x {args.prompt_len} tok x m={args.group_size} x {args.new_tokens} new tokens; "
+              f"median of {len(measured)} steps after 1 warm-up")
+        print("| phase | median |\n|---|---|")
+        for k in keys:
+            print(f"| {k} | {statistics.median(r[k] for r in measured):.3f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": device, "world_size": world.world_size, "zero": args.zero, "args": vars(args), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
