@@ -3,8 +3,9 @@
 Tiny random Llamas built in-process, fp32 on both sides, so vLLM and the trainer must agree to
 ~1e-5 in log-prob. Covers: the sampling contract (same meaning as the hf engine), log-probs vs
 the transformers model, weight sync after a real optimizer step, LoRA-merged sync, tied
-embeddings, stale-weight detection by the sync check, CPU's no-sleep fallback, and a short
-`tea train` with rollout.engine: vllm. Skipped when vllm is not importable (the main venv).
+embeddings, stale-weight detection by the sync check, long prompts, CPU's no-sleep fallback,
+and short `tea train` runs with rollout.engine: vllm (ZeRO-2; two processes under ZeRO-3; LoRA).
+Skipped when vllm is not importable (the main venv).
 """
 
 from __future__ import annotations
