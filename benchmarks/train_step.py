@@ -60,7 +60,6 @@ def main() -> None:
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
     from teacli.train.loop import train_step
-    from teacli.train.loss import token_logprobs  # noqa: F401  (the loss path used by train_step)
     from teacli.types import SamplingConfig
 
     world = backend.init_world()

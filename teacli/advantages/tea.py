@@ -17,7 +17,6 @@ Where this departs from or fills in the paper (see docs/advantages.md):
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 from functools import lru_cache
 from typing import TYPE_CHECKING

@@ -22,7 +22,8 @@ def resolve_data_dir(data_dir: str) -> Path:
         from teacli.data.prepare import prepare
 
         out = cache_dir() / "data" / "builtin"
-        prepare("builtin", out, force=True) if not (out / "manifest.json").exists() else None
+        if not (out / "manifest.json").exists():
+            prepare("builtin", out, force=True)
         return out
     path = Path(data_dir)
     if not path.is_dir():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +37,15 @@ class TrainError(RuntimeError):
 # Setup
 
 
-def prompt_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The data order of one pass over n prompts: a seeded permutation, identical on resume."""
+@lru_cache(maxsize=2)
+def prompt_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
+    """The data order of one pass over n prompts: a seeded permutation, identical on resume.
+
+    Cached: every step reads the current epoch's order, which is shuffled once.
+    """
     order = list(range(n))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
+    return tuple(order)
 
 
 def step_prompts(prompts: list["Prompt"], step: int, per_step: int, seed: int) -> list["Prompt"]:
@@ -92,7 +97,7 @@ def pack(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int,
     return input_ids.to(device), attn.to(device), cmask.to(device), lp
 
 
-def _setup(recipe: "Recipe", run: RunDir, world):
+def _setup(recipe: "Recipe", world):
     """Models, reward, data, engines: everything the loop needs, built once."""
     import torch
 
@@ -135,7 +140,7 @@ def _setup(recipe: "Recipe", run: RunDir, world):
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
     )  # the options reach the vllm engine only
-    return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, precision, grad_accum
+    return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,7 +258,6 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     import torch
 
     from teacli.advantages import compute_advantages
-    from teacli.config import to_yaml
     from teacli.train import backend
     from teacli.train.progress import Progress, metrics_sink
 
@@ -263,7 +267,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
 
-    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, precision, grad_accum = _setup(recipe, run, world)
+    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout = _setup(recipe, world)
     start = 0
     if resume is not None:
         step_done, path = resume
