@@ -3,34 +3,113 @@
 Each command parses its options, loads what it needs and calls one library function.
 Heavy imports (torch, transformers, deepspeed, vllm) happen inside the commands so that
 `tea --help` stays fast.
+
+Conventions every command follows (docs/cli.md): results on stdout; progress bars, notes and
+warnings on stderr; a user error is one line `error: ...` on stderr and exit 2 (a failing remote
+service, exit 1); `NO_COLOR` turns colour off; `-h`/`--help`, `--version`, shell completion.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
+import typer.core
 
+from teacli import __version__
 from teacli.diagnostics.synthetic import DEFAULT_BIAS_REPS, DEFAULT_MS, DEFAULT_REPS  # stdlib-only at import
 
+
+class _Group(typer.core.TyperGroup):
+    """Help that reads the same for every command, whoever adds it: flags are shown as `--force`
+    (not `--force <bool>`) and positional arguments in capitals (`RECIPE`, `[RUN_DIR]...`)."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            _tidy_params(cmd, ctx)
+        return cmd
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _tidy_params(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+def _tidy_params(cmd: Any, ctx: Any) -> None:
+    for param in cmd.get_params(ctx):  # includes the help option
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif param.param_type_name == "argument" and param.metavar is None:
+            param.metavar = param.name.upper()
+
+
+_HELP = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="tea",
     help="Post-train language models for best-of-N deployment (TEA / Prefix-TEA).",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings=_HELP,
+    cls=_Group,
 )
-recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True)
-diagnose_app = typer.Typer(help="Diagnostics of the estimators (no model needed).", no_args_is_help=True)
+recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True, cls=_Group, context_settings=_HELP)
+diagnose_app = typer.Typer(help="Diagnostics of the estimators (no model needed).", no_args_is_help=True, cls=_Group, context_settings=_HELP)
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(diagnose_app, name="diagnose")
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tea {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Post-train language models for best-of-N deployment (TEA / Prefix-TEA)."""
+
+
+def _color() -> Optional[bool]:
+    """False when NO_COLOR is set (https://no-color.org): click's echo does not read it, rich does."""
+    return False if os.environ.get("NO_COLOR") else None
+
+
 def _fail(message: str, code: int = 2) -> None:
     """Print a one-line error to stderr and exit (no traceback for user errors)."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True, color=_color())
     raise typer.Exit(code)
+
+
+class _LazyBar:
+    """A rich progress bar on stderr that is drawn at the first progress report, so that an error found
+    while checking the inputs is not preceded by an empty bar. `update(done, total)` is the callback
+    the library functions take; the first call's `done` (work found on disk) is not counted as speed."""
+
+    def __init__(self, *columns: Any, console: Any, transient: bool = False):
+        self.columns, self.console, self.transient = columns, console, transient
+        self.bar: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from rich.progress import Progress
+
+            self.bar = Progress(*self.columns, console=self.console, transient=self.transient)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=total, completed=done)
+        else:
+            self.bar.update(self.task, completed=done, total=total)
+
+    def __enter__(self) -> "_LazyBar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 @app.command("prepare-data")
@@ -38,7 +117,7 @@ def prepare_data(
     source: str = typer.Argument(..., help="ultrafeedback | hh-helpful | files | builtin"),
     out: Path = typer.Option(..., "--out", help="Output directory, e.g. data/uf."),
     inputs: Optional[list[Path]] = typer.Option(
-        None, "--input", help="Local copy of the source rows (jsonl[.gz]/parquet/csv); repeatable. Required for files."
+        None, "--input", help="Local copy of the source rows (.jsonl[.gz], .json, .parquet, .csv; UTF-8); repeatable. Required for files."
     ),
     test_inputs: Optional[list[Path]] = typer.Option(
         None, "--test-input", help="Local copy of the test split whose prompts are removed; repeatable."
@@ -90,8 +169,9 @@ def prepare_data(
         note = " (capped)" if entry.get("capped") else ""
         splits.add_row(entry["file"], f"{entry['size']:,}{note}", entry["sha256"][:16])
     console.print(splits)
+    warn = Console(stderr=True)
     for line in summary.bad_samples:
-        console.print(f"[yellow]skipped undecodable row[/yellow] {escape(line)}")
+        warn.print(f"[yellow]skipped undecodable row[/yellow] {escape(line)}")
     checks = m["checks"]
     ok = checks["disjoint"] and checks["cores_nested_in_heldout"] and not checks["test_overlap_in_outputs"]
     console.print(f"checks: {'ok' if ok else 'FAILED'} (disjoint splits, cores nested, no test overlap)")
@@ -141,18 +221,22 @@ def train(
 
 @app.command()
 def study(
-    study_file: str = typer.Argument(..., help="Study YAML, e.g. recipes/studies/uf_core250.yaml."),
+    study_file: str = typer.Argument(..., help="Study name (e.g. uf_core250, see recipes/studies/) or a study YAML file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the stages and whether each is done; run nothing."),
+    launcher: Optional[str] = typer.Option(
+        None, "--launcher", help='Launch training through this command, e.g. "deepspeed --num_gpus 8 --module" or '
+        '"torchrun --nproc_per_node 8 -m" (replaces the study\'s launcher:; default: one process).',
+    ),
 ) -> None:
     """Train, evaluate and report a set of recipes as one comparison, skipping finished stages.
 
     Run it again after an interruption: finished stages are skipped, an unfinished training run
     resumes from its last checkpoint and an unfinished evaluation from its records.
     """
-    from teacli.study import StudyError, load_study, run_study
+    from teacli.study import StudyError, find_study, load_study, run_study
 
     try:
-        ran = run_study(load_study(study_file), dry_run=dry_run, echo=typer.echo)
+        ran = run_study(load_study(find_study(study_file), launcher=launcher), dry_run=dry_run, echo=typer.echo)
     except StudyError as exc:
         _fail(str(exc))
     if not dry_run:
@@ -187,7 +271,7 @@ def _recipe_row(path, recipe) -> dict:
 
 @recipes_app.command("list")
 def recipes_list(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """List every recipe under recipes/ with its method and setting."""
+    """List the recipes (./recipes, then the packaged ones) with their method and setting."""
     import json
 
     from teacli.config import RecipeError, discover_recipes, load_recipe
@@ -204,15 +288,37 @@ def recipes_list(json_out: bool = typer.Option(False, "--json", help="Print JSON
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{len(rows)} recipes")
-    for col in ("name", "advantage", "m", "N_target", "policy", "reward", "dataset", "LoRA"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(
-            r["name"], r["advantage"], str(r["m"]), "" if r["n_target"] is None else str(r["n_target"]),
-            r["policy"], str(r["reward"]), r["dataset"], "yes" if r["lora"] else "",
-        )
-    Console().print(table)
+    console = Console()
+    cells = {
+        "name": [r["name"] for r in rows],
+        "advantage": [r["advantage"] for r in rows],
+        "m": [str(r["m"]) for r in rows],
+        "N_target": ["" if r["n_target"] is None else str(r["n_target"]) for r in rows],
+        "policy": [r["policy"] for r in rows],
+        "reward": [str(r["reward"]) for r in rows],
+        "dataset": [r["dataset"] for r in rows],
+        "LoRA": ["yes" if r["lora"] else "" for r in rows],
+    }
+    # Narrow terminals: shorten hub ids to their last part, then hide whole columns, rather than
+    # folding every name over several lines.
+    hidden: list[str] = []
+    for step in ("shorten", "dataset", "reward", "policy"):
+        widths = [max(len(c), *(len(v) for v in vals)) for c, vals in cells.items()]
+        if sum(widths) + 3 * len(widths) + 1 <= console.width:
+            break
+        if step == "shorten":
+            for col in ("policy", "reward", "dataset"):
+                cells[col] = [v.rstrip("/").rsplit("/", 1)[-1] for v in cells[col]]
+        else:
+            del cells[step]
+            hidden.append(step)
+    caption = f"{', '.join(hidden)} hidden at this width: `--json` or `tea recipes show NAME` has them" if hidden else None
+    table = Table(title=f"{len(rows)} recipes", caption=caption)
+    for col in cells:
+        table.add_column(col, no_wrap=col == "name", justify="right" if col in ("m", "N_target") else "left")
+    for i in range(len(rows)):
+        table.add_row(*(vals[i] for vals in cells.values()))
+    console.print(table)
 
 
 @recipes_app.command("show")
@@ -231,9 +337,9 @@ def recipes_show(
 
 @recipes_app.command("validate")
 def recipes_validate(
-    paths: list[str] = typer.Argument(None, help="Recipe files or names; default: every recipe under recipes/."),
+    paths: list[str] = typer.Argument(None, help="Recipe files or names; default: every recipe (./recipes, then the packaged ones)."),
 ) -> None:
-    """Load and validate recipes; exit 1 if any is invalid, naming the key and the file."""
+    """Load and validate recipes; exit 1 if any is invalid, naming the key and the file (every one is checked)."""
     from teacli.config import RecipeError, discover_recipes, find_recipe, load_recipe
 
     targets = [str(p) for p in discover_recipes()] if not paths else list(paths)
@@ -244,7 +350,7 @@ def recipes_validate(
             typer.echo(f"ok       {target}")
         except RecipeError as exc:
             bad += 1
-            typer.secho(f"invalid  {target}: {exc}", fg=typer.colors.RED, err=True)
+            typer.secho(f"invalid  {target}: {exc}", fg=typer.colors.RED, err=True, color=_color())
     if bad:
         raise typer.Exit(1)
     typer.echo(f"{len(targets)} recipe(s) valid")
@@ -286,8 +392,10 @@ def diagnose_synthetic(
         synthetic.check_arguments(budgets, reps, bias_reps)
     except ValueError as exc:
         _fail(str(exc))
+    from rich.console import Console
+
     columns = (TextColumn("synthetic"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, transient=False) as progress:
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
         task = progress.add_task("synthetic", total=synthetic.work_units(budgets, reps, bias_reps))
         rows = synthetic.run_synthetic(budgets, reps, bias_reps, seed, lambda units: progress.advance(task, units))
     paths = synthetic.write_outputs(rows, out)
@@ -306,7 +414,7 @@ def judge(
     run_b: Path = typer.Argument(..., help="Run directory compared against ('other')."),
     select: str = typer.Option(..., "--select", help="Selection rule: boN = max-reward response among samples 0..N-1."),
     split: str = typer.Option("core250", "--split", help="Evaluated split (RUN/eval/<split>-M<M>.jsonl)."),
-    model: str = typer.Option("deepseek-chat", "--model", help="Judge model name at the endpoint."),
+    model: str = typer.Option("deepseek-v4-pro", "--model", help="Judge model name at the endpoint (default: the paper's judge, DeepSeek-v4 Pro)."),
     base_url: str = typer.Option("https://api.deepseek.com/v1", "--base-url", help="OpenAI-compatible API base URL."),
     api_key_env: str = typer.Option(
         "DEEPSEEK_API_KEY", "--api-key-env", help="Environment variable holding the API key (optional for a local endpoint)."
@@ -321,10 +429,10 @@ def judge(
     import logging
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from teacli.eval.judge import JudgeConfig, JudgeError, judge_runs, parse_select, resolve_api_key
+    from teacli.eval.judge import JudgeConfig, JudgeError, JudgeUnavailable, judge_runs, parse_select, resolve_api_key
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -337,12 +445,11 @@ def judge(
         config.check()
         key = resolve_api_key(base_url, api_key_env)
         columns = (TextColumn("judge"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, transient=True) as bar:
-            task = bar.add_task("judge", total=None)
-            summary = judge_runs(
-                run_a, run_b, n, split=split, config=config, api_key=key,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+        with _LazyBar(*columns, console=Console(stderr=True), transient=True) as bar:
+            summary = judge_runs(run_a, run_b, n, split=split, config=config, api_key=key, progress=bar.update)
+    except JudgeUnavailable as exc:  # the endpoint failed, not the input: rerunning resumes
+        _fail(str(exc), code=1)
+        return
     except JudgeError as exc:
         _fail(str(exc))
         return
@@ -395,7 +502,7 @@ def eval_bon(
     killed evaluation where it stopped, without duplicating or losing records (docs/evaluation.md).
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.text import Text
 
     from teacli.eval.bon import EvalError, default_run_dir, evaluate
@@ -416,19 +523,11 @@ def eval_bon(
     for run in runs:
         columns = (TextColumn(run.name), BarColumn(), MofNCompleteColumn(), Speed(), TimeElapsedColumn(), TimeRemainingColumn())
         try:
-            with Progress(*columns, console=console, transient=False) as bar:
-                task = bar.add_task(run.name, total=None)
-
-                def on_progress(done: int, total: int) -> None:
-                    if bar.tasks[0].total is None:  # the first call: what was already on disk is not speed
-                        bar.reset(task, total=total, completed=done)
-                    else:
-                        bar.update(task, completed=done)
-
+            with _LazyBar(*columns, console=console) as bar:
                 result = evaluate(run, M=n, split=split, checkpoint=checkpoint, data_dir=data_dir, overrides=set_,
-                                  progress=on_progress, log=lambda msg: console.print(f"{run.name}: {msg}", markup=False, highlight=False))
+                                  progress=bar.update, log=lambda msg: console.print(f"{run.name}: {msg}", markup=False, highlight=False))
         except (EvalError, ValueError) as exc:
-            _fail(f"{run}: {exc}")
+            _fail(str(exc) if str(run) in str(exc) else f"{run}: {exc}")
             return
         s = result.summary
         values = "  ".join(f"bo{k} {v:.3f}" for k, v in zip(s["N"], s["mean"]))
@@ -447,6 +546,10 @@ def report(
     ),
     bootstrap: int = typer.Option(1000, "--bootstrap", min=1, help="Paired prompt-bootstrap resamples."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Run every delta is taken against (name or path; default: the first RUN_DIR)."),
+    pair: list[str] = typer.Option(
+        [], "--pair", help="RUN=BASELINE: compare RUN with its own baseline instead (names or paths; repeatable), e.g. "
+        "--pair tea_m16=grpo_m16. A run that is a baseline is compared only when paired.",
+    ),
     out: Path = typer.Option(Path("report"), "--out", help="Output directory for tables (md, tex, csv) and plots (png)."),
     split: Optional[str] = typer.Option(None, "--split", help="Evaluated split to report (needed only when the runs have several)."),
     n: Optional[int] = typer.Option(None, "--n", min=1, help="M of the evaluation to report (needed only when the runs have several)."),
@@ -467,35 +570,80 @@ def report(
     except ValueError:
         _fail(f"--endpoints {endpoints!r}: expected numbers separated by commas, e.g. 64,128,256")
         return
+    pairs: dict[str, str] = {}
+    for item in pair:
+        run, sep, base = item.partition("=")
+        if not sep or not run.strip() or not base.strip():
+            _fail(f"--pair {item!r}: expected RUN=BASELINE, e.g. --pair runs/tea_m16=runs/grpo_m16")
+        if pairs.get(run.strip(), base.strip()) != base.strip():
+            _fail(f"--pair {run.strip()}: given two baselines ({pairs[run.strip()]} and {base.strip()})")
+        pairs[run.strip()] = base.strip()
     try:
         runs = list(run_dirs) if run_dirs else default_report_runs(checkpoint=checkpoint)
         if not run_dirs:
             typer.echo(f"no RUN_DIR given: reporting {', '.join(str(r) for r in runs)}")
-        result = build_report(runs, out, baseline=baseline, resamples=bootstrap, seed=seed, split=split, M=n,
+        result = build_report(runs, out, baseline=baseline, pairs=pairs, resamples=bootstrap, seed=seed, split=split, M=n,
                               checkpoint=checkpoint, endpoints=ends)
     except ReportError as exc:
         _fail(str(exc))
         return
     for table in result.tables:
-        if table.name in ("frontier", "endpoints", "win_tie_loss", "judge"):
+        if table.name in ("frontier", "endpoints", "win_tie_loss", "best_tta", "judge"):
             typer.echo(markdown(table))
     typer.echo(f"wrote {len(result.files)} files to {result.out} (report.md, report.tex, summary.json, tables, plots)")
 
 
+# ------------------------------------------------------------------------------------------------
+# tea serve-rm
+
+
+@app.command("serve-rm")
+def serve_rm(
+    recipe: str = typer.Argument(..., help="Recipe YAML file or name whose reward section (hf, rule or python) is served."),
+    set_: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set reward.batch_size=32 (repeatable)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; use --token-env then)."),
+    port: int = typer.Option(5000, "--port", min=0, max=65535, help="TCP port."),
+    token_env: Optional[str] = typer.Option(
+        None, "--token-env", help="Environment variable holding a bearer token that every request must send (e.g. TEA_RM_TOKEN)."
+    ),
+) -> None:
+    """Serve the recipe's reward over HTTP with OpenRLHF's remote-RM API (POST /get_reward) until Ctrl-C.
+
+    Training and evaluation jobs use it with `reward.kind: remote` and
+    `reward.url: http://HOST:PORT/get_reward`; OpenRLHF's --remote_rm_url works too (docs/models.md).
+    """
+    from teacli.config import RecipeError, find_recipe, load_recipe
+    from teacli.rewards.server import serve
+
+    try:
+        serve(load_recipe(find_recipe(recipe), set_, runnable=False), host=host, port=port, token_env=token_env)
+    except (RecipeError, ValueError) as exc:
+        _fail(str(exc))
+
+
 def main() -> None:
-    """Console entry point. Accepts the `--local_rank=N` that the deepspeed launcher prepends."""
-    import os
+    """Console entry point. Accepts the `--local_rank=N` (or `--local_rank N`) that the deepspeed launcher adds."""
     import sys
 
     args = sys.argv[1:]
     for i, arg in enumerate(args):
-        if arg.startswith("--local_rank"):
-            value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+        if arg == "--local_rank" or arg.startswith("--local_rank="):
+            inline = "=" in arg
+            value = arg.partition("=")[2] if inline else (args[i + 1] if i + 1 < len(args) else "")
+            if not value.isdigit():
+                _main_fail(f"--local_rank expects a GPU index (the deepspeed launcher passes --local_rank=N), got {value!r}")
             os.environ.setdefault("LOCAL_RANK", value)
-            del args[i : i + (1 if "=" in arg else 2)]
+            del args[i : i + (1 if inline else 2)]
             sys.argv[1:] = args
             break
-    app()
+    app(prog_name="tea")
+
+
+def _main_fail(message: str) -> None:
+    try:
+        _fail(message)
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,17 +16,34 @@ values raise `RecipeError` naming the dotted key and the file that set it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Sequence, Union
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def packaged_recipes_dir() -> Path:
+    """The recipes (and recipes/studies) shipped with tea: `teacli/recipes/` in an installed wheel
+    (setup.py maps the repository's `recipes/` there), `recipes/` beside `teacli/` in a checkout."""
+    installed = _PACKAGE / "recipes"
+    return installed if installed.is_dir() else _PACKAGE.parent / "recipes"
+
+
+RECIPES_DIR = packaged_recipes_dir()
 
 
 class RecipeError(ValueError):
     """A recipe problem, naming the dotted key and the file that set it."""
+
+
+# Keys that recipes used to have: loading one says what to write instead.
+REMOVED_KEYS: dict[str, str] = {
+    "logging.tensorboard": "was replaced by logging.report_to; write `report_to: [tensorboard]` for true, `report_to: []` for false",
+}
 
 
 def field(default: Any, doc: str, **bounds: float) -> Any:
@@ -72,24 +89,30 @@ class PolicyConfig:
 
 @dataclass
 class RewardConfig:
-    kind: Literal["hf", "rule", "python"] = field(
+    kind: Literal["hf", "rule", "python", "remote"] = field(
         "rule",
         "'hf': an AutoModelForSequenceClassification reward model (score = scalar logit); 'rule': the built-in "
-        "verifiable-constraint reward; 'python': a user function 'package.module:function'.",
+        "verifiable-constraint reward; 'python': a user function 'package.module:function'; 'remote': an HTTP "
+        "reward server at reward.url (OpenRLHF's remote-RM API, e.g. `tea serve-rm`).",
     )
     name_or_path: str | None = field(None, "Reward model hub id or local directory (kind: hf).")
     function: str | None = field(None, "Dotted path 'package.module:function' of a reward function (kind: python).")
     revision: str | None = field(None, "Hub revision of the reward model.")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = field("auto", "Reward model dtype.")
     device: str = field("auto", "Device for the reward model ('auto' = the policy's device).")
-    batch_size: int = field(16, "Responses scored per reward-model forward pass (batched by length).", ge=1)
+    batch_size: int = field(16, "Responses scored per reward-model forward pass (hf; batched by length), or sent per request (remote).", ge=1)
     max_length: int = field(4096, "Truncate prompt+response to this many reward-model tokens.", ge=16)
     params: dict[str, Any] = field({}, "Keyword arguments for the rule or python reward.")
+    url: str | None = field(None, "kind remote: the reward server's endpoint, e.g. http://rm-host:5000/get_reward (the URL OpenRLHF's --remote_rm_url takes).")
+    timeout_s: float = field(300.0, "kind remote: seconds one request may take before it counts as failed and is retried.", gt=0.0)
+    concurrency: int = field(4, "kind remote: requests in flight at once (per training process).", ge=1)
+    max_retries: int = field(5, "kind remote: retries of a request after a connection error, timeout, HTTP 429 or 5xx (exponential backoff from 0.5 s) before the run stops.", ge=0)
+    token_env: str | None = field(None, "kind remote: environment variable holding a bearer token for the server (`tea serve-rm --token-env`); the token itself is never written to the run directory.")
 
 
 @dataclass
 class DataConfig:
-    dir: str = field("", "Directory written by `tea prepare-data` (train.jsonl, val.jsonl, heldout.jsonl, core*.jsonl).")
+    dir: str = field("", "Directory written by `tea prepare-data` (train.jsonl, val.jsonl, heldout.jsonl, core*.jsonl), or `builtin`: the packaged prompt set, prepared into $TEA_CACHE/data/builtin on first use.")
     train_split: str = field("train", "Split file used for training prompts.")
     val_split: str = field("val", "Split file used for checkpoint validation.")
     max_prompt_tokens: int = field(1024, "Prompts longer than this (after the chat template) are skipped, and counted.", ge=8)
@@ -166,7 +189,13 @@ class EvalConfig:
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = field(True, "Also log metrics to TensorBoard when it is installed.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | None = field(
+        None,
+        "Experiment trackers (rank 0) that get every metrics.jsonl field, the validation scores, the resolved recipe and "
+        "the run directory: any of tensorboard, wandb, mlflow; [] = none; null = tensorboard when it is installed.",
+    )
+    project: str | None = field(None, "W&B project and MLflow experiment; null = $WANDB_PROJECT / $MLFLOW_EXPERIMENT_NAME, else 'tea'.")
+    per_rank: bool = field(False, "Also write ranks.jsonl: each rank's own step metrics (before averaging over ranks) and host, gathered by rank 0.")
     log_every: int = field(1, "Print a progress line every this many steps.", ge=1)
 
 
@@ -196,21 +225,109 @@ class Recipe:
 # Loading: base inheritance, overrides, provenance
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _yaml_loader() -> type:
+    """The one YAML loader for recipes, their bases, `--set` values and run directories' recipe.yaml.
+
+    A `yaml.SafeLoader` that (1) refuses a key given twice in one mapping (PyYAML keeps the last and
+    drops the first silently: two `optim:` blocks would lose a setting), and (2) reads numbers with an
+    exponent as YAML 1.2 does (`1e-5`, `3E+4`); YAML 1.1 wants a dot and a signed exponent
+    (`1.0e-5`) and otherwise reads the string '1e-5'.
+    """
+    global _LOADER
+    if _LOADER is None:
+        import re
+
+        import yaml
+
+        class RecipeLoader(yaml.SafeLoader):
+            def construct_mapping(self, node, deep=False):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue  # `<<: *anchor` merges are meant to be overridden
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.get(key)
+                    except TypeError:
+                        continue  # an unhashable key: SafeLoader reports it
+                    seen[key] = key_node.start_mark.line
+                    if first is not None:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first at line {first + 1}); YAML would silently keep only "
+                            f"the last one: merge the two into one", key_node.start_mark,
+                        )
+                return super().construct_mapping(node, deep)
+
+        RecipeLoader.add_implicit_resolver(
+            "tag:yaml.org,2002:float",
+            re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+            list("-+0123456789."),
+        )
+        _LOADER = RecipeLoader
+    return _LOADER
+
+
+_LOADER: type | None = None
+
+
+def _display(path: str | Path) -> str:
+    """A path for messages: relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML text with the recipe loader; RecipeError naming `source` and the line on bad YAML."""
     import yaml
 
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise RecipeError(f"recipe file not found: {path}") from None
-    try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = " ".join(str(exc.problem or exc.context or exc).split())
+        raise RecipeError(f"{where}: {problem}" if "duplicate key" in problem else f"{where}: not valid YAML: {problem}") from None
     except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+        raise RecipeError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read and parse one YAML file (a recipe, a base, a study, a run's recipe.yaml) with the recipe loader.
+
+    Every problem is a one-line RecipeError naming the file: missing, a directory, unreadable, not
+    UTF-8 (with the line of the first bad byte), not valid YAML or a duplicate key (with the line).
+    """
+    path = Path(path)
+    shown = _display(path)
+    if path.is_dir():
+        raise RecipeError(f"{shown} is a directory, not a YAML file")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file not found: {shown}") from None
+    except OSError as exc:
+        raise RecipeError(f"{shown}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise RecipeError(
+            f"{shown}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
+        ) from None
+    return parse_yaml(text, shown)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = read_yaml(path)
     if data is None:
-        return {}
+        raise RecipeError(
+            f"{_display(path)} is empty (no settings); a recipe names at least policy.name_or_path and data.dir, "
+            f"or inherits them with base: (see `tea recipes show quickstart`)"
+        )
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe must be a YAML mapping at the top level, got {type(data).__name__}")
+        raise RecipeError(f"{_display(path)}: a recipe must be a YAML mapping at the top level, got {type(data).__name__}")
     return data
 
 
@@ -239,51 +356,56 @@ def _is_free_dict(dotted: str) -> bool:
     return dotted in {"advantage.params", "reward.params"}
 
 
+def recipe_dirs() -> list[Path]:
+    """Where recipe names, `base:` files and study names are looked up, in order: the user's
+    `./recipes` (a clone, or the user's own), then the recipes shipped with tea."""
+    dirs = [Path.cwd() / "recipes", packaged_recipes_dir()]
+    out: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [o.resolve() for o in out]:
+            out.append(d)
+    return out
+
+
 def _resolve_file(path: Path, origin: dict[str, str], stack: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = path.resolve()
     if path in stack:
-        raise RecipeError(f"{path}: circular 'base:' inheritance via {' -> '.join(str(p) for p in stack)}")
+        raise RecipeError(f"{_display(path)}: circular 'base:' inheritance via {' -> '.join(_display(p) for p in stack)}")
     data = _read_yaml(path)
     bases = data.pop("base", None) or []
     if isinstance(bases, str):
         bases = [bases]
     if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
-        raise RecipeError(f"{path}: 'base' must be a file name or a list of file names, got {bases!r}")
+        raise RecipeError(f"{_display(path)}: 'base' must be a file name or a list of file names, got {bases!r}")
     merged: dict[str, Any] = {}
     for base in bases:
-        base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
-        if not base_path.exists() and (RECIPES_DIR / base).exists():
-            base_path = RECIPES_DIR / base
-        if not base_path.exists():
-            raise RecipeError(f"{path}: base recipe {base!r} not found (looked in {path.parent})")
-        _merge(merged, _resolve_file(base_path, origin, stack + (path,)), origin, str(base_path.resolve()))
-    _merge(merged, data, origin, str(path))
+        # Relative to the file that names it, then ./recipes, then the packaged recipes.
+        candidates = [Path(base)] if Path(base).is_absolute() else [path.parent / base, *(d / base for d in recipe_dirs())]
+        base_path = next((c for c in candidates if c.is_file()), None)
+        if base_path is None:
+            looked = ", ".join(dict.fromkeys(_display(c.parent) for c in candidates))
+            raise RecipeError(f"{_display(path)}: base recipe {base!r} not found (looked in {looked})")
+        _merge(merged, _resolve_file(base_path, origin, stack + (path,)), origin, _display(base_path))
+    _merge(merged, data, origin, _display(path))
     return merged
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """'a.b=c' → ('a.b', YAML-parsed c): numbers, booleans, null and lists parse as in YAML."""
-    import yaml
+OVERRIDE = "--set"  # the origin of a value given on the command line
 
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'a.b=c' → ('a.b', c parsed by the recipe loader): numbers (1e-5 too), booleans, null, lists and
+    mappings read exactly as they would in a recipe file; anything else stays a string."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise RecipeError(f"--set {item!r}: expected KEY=VALUE, e.g. optim.lr=3e-5")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, str) and raw.strip() and _looks_like_float(raw.strip()):
-        value = float(raw)
+        value = parse_yaml(raw, f"--set {item!r}") if raw.strip() else ""
+    except RecipeError as exc:
+        if "duplicate key" in str(exc):
+            raise
+        value = raw  # not YAML (e.g. an unbalanced bracket): the literal text
     return key.strip(), value
-
-
-def _looks_like_float(text: str) -> bool:
-    # YAML 1.1 reads '3e-5' as a string; recipes mean a number.
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], origin: dict[str, str]) -> None:
@@ -296,34 +418,41 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], origin: dict[str
                 raise RecipeError(f"--set {item!r}: {part!r} is not a section")
             node = node[part]
         node[parts[-1]] = value
-        origin[key] = "--set"
+        origin[key] = OVERRIDE
         if isinstance(value, dict):
-            _mark(value, origin, "--set", key + ".")
+            _mark(value, origin, OVERRIDE, key + ".")
 
 
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Load, inherit, override and validate a recipe file."""
-    recipe, _ = load_recipe_with_origin(path, overrides)
+def load_recipe(path: str | Path, overrides: list[str] | None = None, *, runnable: bool = True) -> Recipe:
+    """Load, inherit, override and validate a recipe file. `runnable=False` skips the check that it names a
+    policy and prompts (for commands that use one section only, e.g. `tea serve-rm` the reward)."""
+    recipe, _ = load_recipe_with_origin(path, overrides, runnable=runnable)
     return recipe
 
 
-def load_recipe_with_origin(path: str | Path, overrides: list[str] | None = None) -> tuple[Recipe, dict[str, str]]:
-    origin: dict[str, str] = {}
+def load_recipe_with_origin(
+    path: str | Path, overrides: list[str] | None = None, *, runnable: bool = True
+) -> tuple[Recipe, dict[str, str]]:
+    origin: dict[str, str] = {RECIPE_FILE: _display(path)}
     data = _resolve_file(Path(path), origin)
     apply_overrides(data, list(overrides or []), origin)
     recipe = build(Recipe, data, origin, "")
     if not recipe.name:
         recipe.name = Path(path).stem
-    validate_recipe(recipe, origin)
+    validate_recipe(recipe, origin, runnable=runnable)
     return recipe, origin
 
 
-def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> Recipe:
-    """Build and validate a Recipe from a plain dict (e.g. a run directory's recipe.yaml)."""
-    origin: dict[str, str] = {}
-    _mark(data, origin, source, "")
+def recipe_from_dict(
+    data: dict[str, Any], source: str = "<dict>", overrides: Sequence[str] = (), *, runnable: bool = True
+) -> Recipe:
+    """Build and validate a Recipe from a plain dict (e.g. a run directory's recipe.yaml), `--set` applied."""
+    origin: dict[str, str] = {RECIPE_FILE: source}
+    if isinstance(data, dict):
+        _mark(data, origin, source, "")
+        apply_overrides(data, list(overrides), origin)
     recipe = build(Recipe, data, origin, "")
-    validate_recipe(recipe, origin)
+    validate_recipe(recipe, origin, runnable=runnable)
     return recipe
 
 
@@ -331,12 +460,33 @@ def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> Recipe:
 # Type checking against the dataclass tree
 
 
-def _where(origin: dict[str, str], key: str) -> str:
+RECIPE_FILE = "<recipe>"  # origin's entry for the file that was loaded (not a recipe key)
+
+
+def _source(origin: dict[str, str], key: str) -> str | None:
+    """The file (or OVERRIDE) that set `key` or, failing that, its nearest parent section."""
     src = origin.get(key)
     while src is None and "." in key:
         key = key.rsplit(".", 1)[0]
         src = origin.get(key)
-    return f" (set in {src})" if src else ""
+    return src
+
+
+def _set_by(src: str) -> str:
+    return "set by --set" if src == OVERRIDE else f"set in {src}"
+
+
+def _where(origin: dict[str, str], *keys: str) -> str:
+    """' (set in FILE)' / ' (set by --set)' for the keys behind an error; each key named when they differ."""
+    by_source: dict[str, list[str]] = {}
+    for k in keys:
+        if (s := _source(origin, k)) is not None:
+            by_source.setdefault(s, []).append(k)
+    if not by_source:
+        return ""
+    if len(by_source) == 1 and len(next(iter(by_source.values()))) == len(keys):
+        return f" ({_set_by(next(iter(by_source)))})"
+    return " (" + "; ".join(f"{', '.join(ks)} {_set_by(s)}" for s, ks in by_source.items()) + ")"
 
 
 def build(cls: type, data: Any, origin: dict[str, str], prefix: str) -> Any:
@@ -348,6 +498,8 @@ def build(cls: type, data: Any, origin: dict[str, str], prefix: str) -> Any:
     unknown = [k for k in data if k not in fields]
     if unknown:
         key = f"{prefix}{unknown[0]}"
+        if key in REMOVED_KEYS:
+            raise RecipeError(f"{key}{_where(origin, key)} {REMOVED_KEYS[key]}")
         import difflib
 
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
@@ -384,7 +536,7 @@ def _coerce(tp: Any, value: Any, origin: dict[str, str], key: str) -> Any:
                 return _coerce(arg, value, origin, key)
             except RecipeError as exc:
                 errors.append(str(exc))
-        raise errors[0] if len(errors) == 1 else RecipeError(f"{key}: {value!r} has the wrong type{where}")
+        raise RecipeError(errors[0]) if len(errors) == 1 else RecipeError(f"{key}: {value!r} has the wrong type{where}")
     if org is Literal:
         if value not in typing.get_args(tp):
             raise RecipeError(f"{key}: {value!r} is not {_type_name(tp)}{where}")
@@ -413,10 +565,13 @@ def _coerce(tp: Any, value: Any, origin: dict[str, str], key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RecipeError(f"{key}: expected a number, got {value!r}{where}")
+        if not math.isfinite(value):
+            raise RecipeError(f"{key}: expected a finite number, got {value!r}{where}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise RecipeError(f"{key}: expected a string, got {value!r}{where}")
+            hint = " (quote it to mean text)" if isinstance(value, (int, float, bool)) else ""
+            raise RecipeError(f"{key}: expected a string, got {value!r}{hint}{where}")
         return value
     raise RecipeError(f"{key}: unsupported type {tp}")  # pragma: no cover - a bug in the tree
 
@@ -434,7 +589,7 @@ def _check_bounds(meta: Any, value: Any, origin: dict[str, str], key: str) -> No
 # Cross-field checks
 
 
-def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None) -> None:
+def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, runnable: bool = True) -> None:
     """Checks that involve several fields: the advantage rule against the group size, etc."""
     origin = origin or {}
     _check_advantage(recipe, origin)
@@ -445,14 +600,87 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None) -> Non
         raise RecipeError(
             f"reward.function: kind 'python' needs a dotted path 'package.module:function', got {r.function!r}{_where(origin, 'reward.function')}"
         )
+    _check_reward_params(r, origin)
+    if r.kind == "remote" and not (r.url or "").startswith(("http://", "https://")):
+        raise RecipeError(
+            f"reward.url: kind 'remote' needs the reward server's http(s) URL, e.g. http://127.0.0.1:5000/get_reward, "
+            f"got {r.url!r}{_where(origin, 'reward.url') or _where(origin, 'reward.kind')}"
+        )
+    report_to = recipe.logging.report_to or []
+    if len(set(report_to)) != len(report_to):
+        raise RecipeError(f"logging.report_to: {report_to!r} names a tracker twice{_where(origin, 'logging.report_to')}")
     if len(recipe.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in recipe.optim.betas):
         raise RecipeError(f"optim.betas: expected two numbers in [0, 1), got {recipe.optim.betas!r}{_where(origin, 'optim.betas')}")
     if recipe.validation.top > recipe.validation.samples:
         raise RecipeError(
-            f"validation.top: {recipe.validation.top} exceeds validation.samples={recipe.validation.samples}{_where(origin, 'validation.top')}"
+            f"validation.top: {recipe.validation.top} exceeds validation.samples={recipe.validation.samples}"
+            f"{_where(origin, 'validation.top', 'validation.samples')}"
         )
     if recipe.backend.offload_params and recipe.backend.zero_stage != 3:
         raise RecipeError(f"backend.offload_params: needs backend.zero_stage 3, got {recipe.backend.zero_stage}{_where(origin, 'backend.offload_params')}")
+    if runnable:
+        _check_runnable(recipe, origin)
+
+
+def _check_runnable(recipe: Recipe, origin: dict[str, str]) -> None:
+    """A recipe that names no policy or no prompts cannot run (an empty file, a base fragment, a typo'd section)."""
+    for key, value in (("policy.name_or_path", recipe.policy.name_or_path), ("data.dir", recipe.data.dir)):
+        if not value:
+            src = origin.get(RECIPE_FILE)
+            where = _where(origin, key) if key in origin else (f" (not set in {src} or its bases)" if src else "")
+            raise RecipeError(
+                f"{key}: required: a recipe names the policy to train (policy.name_or_path) and its prompts "
+                f"(data.dir: a `tea prepare-data` directory, or builtin){where}"
+            )
+
+
+def _check_reward_params(r: RewardConfig, origin: dict[str, str]) -> None:
+    """reward.params against what the reward accepts: the rule reward's typed parameters and their ranges;
+    a python reward's signature (unless it takes **kwargs); none for a reward model."""
+    if r.kind == "rule":
+        from teacli.rewards.rule import RuleParams  # a leaf module: the rule reward's parameters
+
+        build(RuleParams, r.params, origin, "reward.params.")
+    elif r.kind == "hf" and r.params:
+        raise RecipeError(f"reward.params: kind 'hf' takes no parameters, got {', '.join(map(str, r.params))}{_where(origin, 'reward.params')}")
+    elif r.kind == "python":
+        _check_python_reward(r, origin)
+
+
+def _check_python_reward(r: RewardConfig, origin: dict[str, str]) -> None:
+    import difflib
+    import importlib
+    import inspect
+
+    where = _where(origin, "reward.function")
+    module_name, _, attr = (r.function or "").partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RecipeError(f"reward.function: cannot import module {module_name!r} of {r.function!r}: {exc}{where}") from None
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+    if not callable(target):
+        raise RecipeError(f"reward.function: module {module_name!r} has no function or class {attr!r}{where}")
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # no introspectable signature (a C function): checked when the reward is built
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    fixed = [] if isinstance(target, type) else [None, None]  # f(prompts, responses, **params); Class(**params)
+    try:
+        sig.bind(*fixed, **r.params)
+    except TypeError as exc:
+        accepted = [p.name for p in params[len(fixed):] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = sorted(k for k in r.params if k not in accepted)
+        if unknown:
+            key = f"reward.params.{unknown[0]}"
+            close = difflib.get_close_matches(unknown[0], accepted, n=1)
+            hint = f"; did you mean 'reward.params.{close[0]}'?" if close else f"; it accepts: {', '.join(accepted) or 'no parameters'}"
+            raise RecipeError(f"{key}: {r.function} takes no parameter {unknown[0]!r}{_where(origin, key)}{hint}") from None
+        raise RecipeError(f"reward.params: {r.function} cannot be called with them: {exc}{_where(origin, 'reward.params', 'reward.function')}") from None
 
 
 def _check_advantage(recipe: Recipe, origin: dict[str, str]) -> None:
@@ -465,7 +693,7 @@ def _check_advantage(recipe: Recipe, origin: dict[str, str]) -> None:
         rule = advantages.resolve_rule(adv.name)
         advantages._check_params(adv.name, rule, adv.params)
     except ValueError as exc:
-        raise RecipeError(f"advantage: {exc}{_where(origin, 'advantage.name')}") from None
+        raise RecipeError(f"advantage: {exc}{_where(origin, 'advantage.name', 'advantage.params')}") from None
     # Run the rule once on a dummy group of the recipe's size: catches m too small for the rule.
     import torch
 
@@ -475,7 +703,7 @@ def _check_advantage(recipe: Recipe, origin: dict[str, str]) -> None:
         advantages.compute_advantages(adv.name, dummy, **adv.params)
     except (ValueError, TypeError) as exc:
         raise RecipeError(
-            f"advantage / rollout.group_size: {exc}{_where(origin, 'rollout.group_size') or _where(origin, 'advantage.name')}"
+            f"advantage / rollout.group_size: {exc}{_where(origin, 'rollout.group_size', 'advantage.name', 'advantage.params')}"
         ) from None
 
 
@@ -505,17 +733,46 @@ def to_yaml(recipe: Recipe) -> str:
 
 
 def discover_recipes(root: Path | None = None) -> list[Path]:
-    """Every runnable recipe under recipes/ (base/ and studies/ hold fragments and studies, not recipes)."""
-    root = root or RECIPES_DIR
-    return sorted(p for p in root.rglob("*.yaml") if p.relative_to(root).parts[0] not in {"base", "studies"})
+    """Every runnable recipe (base/ and studies/ hold fragments and studies, not recipes), sorted by name.
+
+    Under `root` alone when given; otherwise `./recipes` first, then the packaged recipes whose names
+    `./recipes` does not already have (a local recipe shadows the packaged one of the same name).
+    """
+    roots = [root] if root is not None else recipe_dirs()
+    found: dict[str, Path] = {}
+    for r in roots:
+        for p in sorted(r.rglob("*.yaml")):
+            if p.relative_to(r).parts[0] not in {"base", "studies"}:
+                found.setdefault(p.stem, p)
+    return sorted(found.values(), key=lambda p: p.stem)
+
+
+def _find(name_or_path: str, kind: str, candidates: list[Path], hint: str) -> Path:
+    """An existing file `name_or_path`, else the first of `candidates` (name lookups) that exists."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        raise RecipeError(f"{_display(path)} is a directory, not a {kind} file; name a .yaml file or a {kind} name ({hint})")
+    if path.is_file():
+        return path
+    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        # A path that is not there (e.g. recipes/x.yaml typed outside a clone): point at the name, do not guess.
+        same = next((c for c in candidates if c.name == path.name or c.stem == path.stem), None)
+        extra = f"; the {kind} name {same.stem!r} finds {_display(same)}" if same else ""
+        raise RecipeError(f"{kind} file not found: {name_or_path}{extra}")
+    found = next((c for c in candidates if c.stem == name_or_path), None)
+    if found is None:
+        raise RecipeError(f"no {kind} file or name {name_or_path!r} ({hint})")
+    return found
 
 
 def find_recipe(name_or_path: str) -> Path:
-    """A recipe path from a path or a bare name (`uf_llama1b_tea` → recipes/uf_llama1b_tea.yaml)."""
-    path = Path(name_or_path)
-    if path.exists():
-        return path
-    for candidate in discover_recipes():
-        if candidate.stem == name_or_path or candidate.name == name_or_path:
-            return candidate
-    raise RecipeError(f"no recipe file or name {name_or_path!r} (see `tea recipes list`)")
+    """A recipe path from a path or a bare name (`uf_llama1b_tea` → ./recipes/uf_llama1b_tea.yaml, else the
+    packaged one); RecipeError for a directory, a missing file or an unknown name."""
+    return _find(name_or_path, "recipe", discover_recipes(), "see `tea recipes list`")
+
+
+def find_study(name_or_path: str) -> Path:
+    """A study file from a path or a bare name (`uf_core250` → ./recipes/studies/uf_core250.yaml, else the
+    packaged one); RecipeError as for find_recipe."""
+    studies = [p for d in recipe_dirs() for p in sorted((d / "studies").glob("*.yaml"))]
+    return _find(name_or_path, "study", studies, "studies live in recipes/studies/")

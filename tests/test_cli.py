@@ -4,8 +4,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 
 def tea(*args, check=True, cwd=None):
     proc = subprocess.run([sys.executable, "-m", "teacli.cli", *args], capture_output=True, text=True, cwd=cwd)
@@ -48,3 +46,134 @@ def test_unknown_recipe_name_is_a_clean_error():
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: no recipe file or name 'no_such_recipe'")
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Conventions (docs/cli.md): one-line errors, exit codes, -h, --version, completion, colour, widths
+
+def one_line_error(proc, code=2):
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def test_version_short_help_and_shell_completion():
+    import teacli
+
+    assert tea("--version").stdout.strip() == f"tea {teacli.__version__}"
+    assert "Usage: tea [OPTIONS] COMMAND" in tea("-h").stdout
+    assert "Usage: tea recipes show [OPTIONS] {NAME}" in tea("recipes", "show", "-h").stdout
+    assert "--install-completion" in tea("--help").stdout
+    script = tea("--show-completion", "bash").stdout
+    assert "_TEA_COMPLETE" in script and "complete " in script
+
+
+def _commands():
+    import typer.main
+
+    from teacli.cli import app
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, [*prefix, name])
+            else:
+                yield [*prefix, name]
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_every_help_shows_flags_plainly_and_arguments_in_capitals():
+    import re
+
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    commands = _commands()
+    assert ["recipes", "list"] in commands and ["train"] in commands and len(commands) >= 10
+    for path in [[], *commands]:
+        out = CliRunner().invoke(app, [*path, "--help"], prog_name="tea", env={"COLUMNS": "120"}).output
+        assert "<bool>" not in out, (path, out)
+        usage = next(line for line in out.splitlines() if "Usage:" in line).split("Usage:")[1]
+        arguments = [w for w in re.findall(r"[\[{]?([A-Za-z_]+)[\]}]?(?:\.\.\.)?", usage.split("[OPTIONS]", 1)[-1])]
+        assert all(a == a.upper() for a in arguments), (path, usage)
+
+
+def test_no_color_turns_colour_off():
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    args = ["recipes", "show", "no_such_recipe"]
+    coloured = CliRunner().invoke(app, args, color=True)
+    assert coloured.exit_code == 2 and "\x1b[" in coloured.output  # colour is on for a terminal...
+    plain = CliRunner().invoke(app, args, color=True, env={"NO_COLOR": "1"})
+    assert plain.exit_code == 2 and "\x1b[" not in plain.output and "error: no recipe" in plain.output  # ...and NO_COLOR wins
+
+
+def test_recipes_list_is_readable_at_80_columns():
+    import os
+
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "teacli.cli", "recipes", "list"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    names = [r["name"] for r in json.loads(tea("recipes", "list", "--json").stdout)]
+    for name in names:  # every name whole on one line, not folded
+        assert any(f" {name} " in line for line in lines), name
+    assert "hidden at this width" in proc.stdout and "--json" in proc.stdout
+    wide = subprocess.run([sys.executable, "-m", "teacli.cli", "recipes", "list"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "250"}).stdout
+    assert "Llama-3.2-1B-Instruct" in wide and "hidden" not in wide
+
+
+def test_local_rank_without_a_value_is_a_clean_error():
+    line = one_line_error(tea("recipes", "list", "--local_rank", check=False))
+    assert "--local_rank expects a GPU index" in line
+    assert json.loads(tea("--local_rank=0", "recipes", "list", "--json").stdout)  # the launcher's form still works
+
+
+def test_directories_and_unreadable_recipes_are_one_line_errors(tmp_path):
+    for args in (["recipes", "show", str(tmp_path)], ["train", str(tmp_path)]):
+        assert "is a directory, not a recipe file" in one_line_error(tea(*args, check=False))
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: caf\xe9\n")
+    assert "latin.yaml:1: not UTF-8 text" in one_line_error(tea("recipes", "show", str(latin), check=False))
+    assert "(set by --set)" in one_line_error(tea("recipes", "show", "quickstart", "--set", "optim.lr=abc", check=False))
+
+
+def test_recipes_validate_checks_every_file_after_a_bad_one(tmp_path):
+    bad_bytes = tmp_path / "a.yaml"
+    bad_bytes.write_bytes(b"seed: 1\nname: caf\xe9\n")
+    dup = tmp_path / "b.yaml"
+    dup.write_text("base: quickstart.yaml\noptim: {lr: 1e-5}\noptim: {steps: 2}\n")
+    good = tmp_path / "c.yaml"
+    good.write_text("base: quickstart.yaml\noptim: {lr: 2e-5}\n")
+    proc = tea("recipes", "validate", str(bad_bytes), str(dup), str(good), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 2 and "a.yaml:2: not UTF-8" in errors[0] and "b.yaml:3: duplicate key 'optim'" in errors[1]
+    assert f"ok       {good}" in proc.stdout
+
+
+def test_progress_and_warnings_go_to_stderr(tmp_path):
+    syn = tea("diagnose", "synthetic", "--m", "128", "256", "--reps", "2", "--bias-reps", "2", "--out", str(tmp_path / "syn"))
+    assert syn.stdout.startswith("| Estimator |") and "synthetic" in syn.stderr and "%" not in syn.stdout
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b"".join(b'{"prompt": "Prompt number %d"}\n' % i for i in range(8)) + b'{"prompt": broken\n')
+    prep = tea("prepare-data", "files", "--out", str(tmp_path / "data"), "--input", str(rows),
+               "--train-size", "4", "--val-size", "2", "--heldout-size", "2")
+    assert "skipped undecodable row rows.jsonl:9" in prep.stderr and "skipped" not in prep.stdout
+    assert "written" in prep.stdout
+
+
+def test_no_progress_bar_is_drawn_before_an_input_error(tmp_path):
+    (tmp_path / "a" / "eval").mkdir(parents=True)
+    (tmp_path / "b").mkdir()
+    one_line_error(tea("eval-bon", str(tmp_path / "b"), check=False))
+    one_line_error(tea("judge", str(tmp_path / "a"), str(tmp_path / "b"), "--select", "bo4", "--base-url", "http://127.0.0.1:9/v1", check=False))

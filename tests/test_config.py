@@ -21,12 +21,12 @@ def test_every_shipped_recipe_loads(path):
 
 
 def test_every_yaml_under_recipes_parses():
-    import yaml
+    from teacli.config import read_yaml  # the recipe loader: no duplicate keys, UTF-8
 
     files = sorted(RECIPES_DIR.rglob("*.yaml"))
     assert len(files) >= 30
     for f in files:
-        assert isinstance(yaml.safe_load(f.read_text()), dict), f
+        assert isinstance(read_yaml(f), dict), f
 
 
 def test_base_inheritance_later_wins_and_overrides(tmp_path):
@@ -103,3 +103,170 @@ def test_docs_list_every_recipe_field():
     text = (RECIPES_DIR.parent / "docs" / "recipes.md").read_text()
     missing = [key for key, _, _, _ in field_docs(Recipe) if f"`{key}`" not in text]
     assert missing == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input is a RecipeError naming the key and the file, never a silent wrong value (issue 14)
+
+RUNNABLE = "policy: {name_or_path: p}\ndata: {dir: d}\n"
+
+
+def test_duplicate_keys_name_the_key_the_line_and_the_file(tmp_path):
+    dup = write(tmp_path / "dup.yaml", RUNNABLE + "optim:\n  lr: 2.0e-5\noptim:\n  steps: 3\n")
+    with pytest.raises(RecipeError, match=r"dup.yaml:5: duplicate key 'optim' \(first at line 3\)"):
+        load_recipe(dup)
+    nested = write(tmp_path / "nested.yaml", RUNNABLE + "rollout:\n  group_size: 8\n  top_k: 5\n  group_size: 16\n")
+    with pytest.raises(RecipeError, match=r"nested.yaml:6: duplicate key 'group_size'"):
+        load_recipe(nested)
+    write(tmp_path / "base.yaml", "seed: 1\nseed: 2\n")
+    with pytest.raises(RecipeError, match=r"base.yaml:2: duplicate key 'seed'"):
+        load_recipe(write(tmp_path / "child.yaml", "base: base.yaml\n" + RUNNABLE))
+    with pytest.raises(RecipeError, match=r"--set .*duplicate key 'alpha'"):
+        load_recipe(write(tmp_path / "ok.yaml", RUNNABLE), ["advantage.params={alpha: 0.2, alpha: 0.3}"])
+    # A YAML merge key is an override by design, not a duplicate.
+    merged = write(tmp_path / "merged.yaml", RUNNABLE + "optim: {<<: {steps: 3, lr: 2.0e-5}, steps: 5}\n")
+    assert load_recipe(merged).optim.steps == 5 and load_recipe(merged).optim.lr == 2.0e-5
+
+
+@pytest.mark.parametrize("text, value", [("1e-5", 1e-5), ("2E-5", 2e-5), ("3e+4", 3e4), (".5e-3", 5e-4), ("1.0e-5", 1e-5)])
+def test_numbers_with_an_exponent_read_as_users_write_them(tmp_path, text, value):
+    p = write(tmp_path / "r.yaml", RUNNABLE + f"optim: {{lr: {text}}}\n")
+    assert load_recipe(p).optim.lr == value
+    assert load_recipe(write(tmp_path / "s.yaml", RUNNABLE), [f"optim.lr={text}"]).optim.lr == value
+
+
+def test_empty_and_unrunnable_recipes_are_errors(tmp_path):
+    with pytest.raises(RecipeError, match=r"empty.yaml is empty"):
+        load_recipe(write(tmp_path / "empty.yaml", ""))
+    with pytest.raises(RecipeError, match=r"comments.yaml is empty"):
+        load_recipe(write(tmp_path / "comments.yaml", "# nothing here\n\n"))
+    with pytest.raises(RecipeError, match=r"policy.name_or_path: required.*\(not set in .*seed.yaml or its bases\)"):
+        load_recipe(write(tmp_path / "seed.yaml", "seed: 1\n"))
+    with pytest.raises(RecipeError, match=r"data.dir: required.*builtin.*not set in .*nodata.yaml"):
+        load_recipe(write(tmp_path / "nodata.yaml", "policy: {name_or_path: p}\n"))
+    with pytest.raises(RecipeError, match=r"policy.name_or_path: required.*\(set by --set\)"):
+        load_recipe(write(tmp_path / "ok.yaml", RUNNABLE), ["policy.name_or_path="])
+
+
+@pytest.mark.parametrize(
+    "text, override, message",
+    [
+        ("optim: {lr: .inf}", None, r"optim.lr: expected a finite number, got inf \(set in .*r.yaml\)"),
+        ("optim: {lr: .nan}", None, r"optim.lr: expected a finite number, got nan"),
+        ("", "optim.lr=inf", r"optim.lr: expected a number, got 'inf' \(set by --set\)"),
+        ("", "optim.lr=.inf", r"optim.lr: expected a finite number, got inf \(set by --set\)"),
+        ("optim: {betas: [0.9, .nan]}", None, r"optim.betas\[1\]: expected a finite number"),
+        ("optim: {steps: .inf}", None, r"optim.steps: expected an integer, got inf"),
+        ("name: 1e5", None, r"name: expected a string, got 100000.0 \(quote it to mean text\)"),
+    ],
+)
+def test_non_finite_and_mistyped_numbers_are_refused(tmp_path, text, override, message):
+    p = write(tmp_path / "r.yaml", RUNNABLE + text + "\n")
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(p, [override] if override else [])
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ("{tolerance: -1}", r"reward.params.tolerance: -1.0 is out of range: must be > 0.0 \(set in .*r.yaml\)"),
+        ("{tolerance: 0}", r"reward.params.tolerance: 0.0 is out of range"),
+        ("{tie_break: 1.0}", r"reward.params.tie_break: 1.0 is out of range: must be < 1.0"),
+        ("{tolerance: .inf}", r"reward.params.tolerance: expected a finite number"),
+        ("{tolerence: 0.3}", r"unknown recipe key 'reward.params.tolerence' \(set in .*r.yaml\); did you mean 'reward.params.tolerance'"),
+        ("{scale: 2}", r"unknown recipe key 'reward.params.scale'.*valid keys under reward.params: tolerance, tie_break"),
+    ],
+)
+def test_rule_reward_params_are_checked_against_the_reward(tmp_path, params, message):
+    p = write(tmp_path / "r.yaml", RUNNABLE + f"reward: {{kind: rule, params: {params}}}\n")
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(p)
+
+
+def test_python_reward_params_are_checked_against_its_signature(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards.py").write_text(textwrap.dedent("""\
+        def scaled(prompts, responses, scale=1.0, *, offset):
+            return [scale * len(r) + offset for r in responses]
+        def anything(prompts, responses, **params):
+            return [0.0 for r in responses]
+        class Judge:
+            def __init__(self, bonus=0.0):
+                self.bonus = bonus
+            def score(self, prompts, responses):
+                return [self.bonus for r in responses]
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def recipe(function, params):
+        return write(tmp_path / "r.yaml", RUNNABLE + f"reward: {{kind: python, function: '{function}', params: {params}}}\n")
+
+    assert load_recipe(recipe("user_rewards:scaled", "{scale: 2, offset: 1}")).reward.params == {"scale": 2, "offset": 1}
+    assert load_recipe(recipe("user_rewards:anything", "{whatever: 1}")).reward.params == {"whatever": 1}
+    assert load_recipe(recipe("user_rewards:Judge", "{bonus: 0.5}")).reward.params == {"bonus": 0.5}
+    with pytest.raises(RecipeError, match=r"reward.params.scal: user_rewards:scaled takes no parameter 'scal' \(set in .*r.yaml\); did you mean 'reward.params.scale'"):
+        load_recipe(recipe("user_rewards:scaled", "{scal: 2, offset: 1}"))
+    with pytest.raises(RecipeError, match=r"reward.params: user_rewards:scaled cannot be called with them: .*offset"):
+        load_recipe(recipe("user_rewards:scaled", "{scale: 2}"))
+    with pytest.raises(RecipeError, match=r"reward.params.margin: user_rewards:Judge takes no parameter 'margin'.*it accepts: bonus"):
+        load_recipe(recipe("user_rewards:Judge", "{margin: 1}"))
+    with pytest.raises(RecipeError, match=r"reward.function: module 'user_rewards' has no function or class 'nope'"):
+        load_recipe(recipe("user_rewards:nope", "{}"))
+    with pytest.raises(RecipeError, match=r"reward.params: kind 'hf' takes no parameters, got scale"):
+        load_recipe(write(tmp_path / "hf.yaml", RUNNABLE + "reward: {kind: hf, name_or_path: rm, params: {scale: 1}}\n"))
+
+
+def test_errors_from_set_say_so_and_name_each_source(tmp_path):
+    p = write(tmp_path / "r.yaml", RUNNABLE + "advantage: {name: tea, params: {alpha: 0.25}}\nrollout: {group_size: 16}\n")
+    with pytest.raises(RecipeError, match=r"optim.lr: expected a number, got 'abc' \(set by --set\)$"):
+        load_recipe(p, ["optim.lr=abc"])
+    with pytest.raises(RecipeError, match=r"unknown recipe key 'optim.lrr' \(set by --set\)"):
+        load_recipe(p, ["optim.lrr=1"])
+    # A cross-field error names where each involved key came from; --set is not blamed on the file.
+    with pytest.raises(RecipeError, match=r"alpha must lie in .*\(rollout.group_size, advantage.name set in .*r.yaml; advantage.params set by --set\)"):
+        load_recipe(p, ["advantage.params={alpha: 0.7}"])
+    with pytest.raises(RecipeError, match=r"validation.top: 10 exceeds validation.samples=4 \(validation.samples set by --set\)"):
+        load_recipe(p, ["validation.samples=4"])
+
+
+def test_files_that_cannot_be_read_are_one_line_errors(tmp_path):
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(RecipeError, match=r"adir is a directory, not a YAML file"):
+        load_recipe(tmp_path / "adir")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"seed: 1\ndescription: caf\xe9\n")
+    with pytest.raises(RecipeError, match=r"latin.yaml:2: not UTF-8 text \(byte 0xe9\)"):
+        load_recipe(latin)
+    with pytest.raises(RecipeError, match=r"bad.yaml:2: not valid YAML: mapping values are not allowed here") as exc:
+        load_recipe(write(tmp_path / "bad.yaml", "seed: 1\noptim: lr: 1\n"))
+    assert "\n" not in str(exc.value)
+    with pytest.raises(RecipeError, match=r"list.yaml: a recipe must be a YAML mapping"):
+        load_recipe(write(tmp_path / "list.yaml", "- 1\n- 2\n"))
+
+
+def test_names_resolve_against_local_recipes_first_then_the_packaged_ones(tmp_path, monkeypatch):
+    from teacli.config import find_recipe, find_study, packaged_recipes_dir
+
+    packaged = packaged_recipes_dir()
+    monkeypatch.chdir(tmp_path)  # no ./recipes here: the packaged recipes
+    assert find_recipe("quickstart") == packaged / "quickstart.yaml"
+    assert find_study("uf_core250") == packaged / "studies" / "uf_core250.yaml"
+    with pytest.raises(RecipeError, match=r"recipe file not found: recipes/uf_llama1b_tea.yaml; the recipe name 'uf_llama1b_tea' finds"):
+        find_recipe("recipes/uf_llama1b_tea.yaml")
+    with pytest.raises(RecipeError, match=r"no recipe file or name 'nope'"):
+        find_recipe("nope")
+    (tmp_path / "somedir").mkdir()
+    with pytest.raises(RecipeError, match=r"somedir is a directory, not a recipe file"):
+        find_recipe("somedir")
+
+    local = tmp_path / "recipes"
+    (local / "studies").mkdir(parents=True)
+    write(local / "quickstart.yaml", "base: base/llama1b.yaml\nname: quickstart\ndata: {dir: builtin}\n")  # base: packaged
+    write(local / "mine.yaml", RUNNABLE)
+    write(local / "studies" / "uf_core250.yaml", "recipes: [mine]\n")
+    assert find_recipe("quickstart") == local / "quickstart.yaml"
+    assert find_recipe("uf_llama1b_tea") == packaged / "uf_llama1b_tea.yaml"
+    assert find_study("uf_core250") == local / "studies" / "uf_core250.yaml"
+    found = {p.stem: p for p in discover_recipes()}
+    assert found["quickstart"].parent == local and found["mine"].parent == local
+    assert found["uf_llama1b_tea"].parent == packaged and len(found) == len(discover_recipes(packaged)) + 1
+    assert load_recipe(find_recipe("quickstart")).policy.name_or_path == "meta-llama/Llama-3.2-1B-Instruct"

@@ -33,7 +33,9 @@ def test_main_ultrafeedback_setting_covers_every_method():
         for r in _find(recipes, rule=rule, **params):
             assert (r.kl.beta, r.optim.lr, r.optim.steps, r.checkpoint.save_every) == (0.1, 1e-5, 450, 25)
             assert (r.validation.prompts, r.validation.samples, r.validation.top) == (128, 32, 10)
-    _find(recipes, m=128, rule="bon_mean", k=64)
+    # The compute-unmatched m = 128 stress tests: same prompts per step as m = 64, twice the rollouts per prompt.
+    for r in _find(recipes, m=128, rule="bon_mean", k=64) + _find(recipes, m=128, rule="chow", n_sel=64, m_corr=64):
+        assert r.rollout.prompts_per_step == recipes["uf_llama1b_grpo"].rollout.prompts_per_step
 
 
 def test_scaling_ablation_and_robustness_settings():

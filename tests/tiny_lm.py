@@ -1,12 +1,18 @@
-"""Tiny models and tokenizers built in-process, for engine and reward-model tests (no hub access).
+"""Tiny models, tokenizers and recipes built in-process, for engine, trainer and CLI tests (no hub access).
 
 A word-level tokenizer over a few sentences with a chat template that writes BOS itself, a
-random Llama causal LM and a random Llama sequence classifier (hidden 64, 2 layers).
+random Llama causal LM and a random Llama sequence classifier (hidden 64, 2 layers); the one
+tiny-recipe dictionary every end-to-end test starts from, and the environment its subprocesses run in.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent
 
 SENTENCES = [
     "the cat sat on the mat and looked at the dog",
@@ -80,3 +86,58 @@ def save(model, tokenizer, path: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# -- recipes and the environment of `tea` subprocesses -------------------------------------------
+
+TINY_RECIPE: dict[str, Any] = {
+    "name": "tiny",
+    "policy": {"dtype": "float32", "gradient_checkpointing": False},
+    "reward": {"kind": "python", "function": "rewards_for_tests:length_reward"},
+    "rollout": {"engine": "hf", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 8, "batch_size": 16},
+    "advantage": {"name": "grpo", "params": {}},
+    "optim": {"steps": 4, "lr": 3.0e-3, "micro_batch_size": 8},
+    "kl": {"beta": 0.05},
+    "backend": {"zero_stage": 2, "precision": "fp32"},
+    "checkpoint": {"save_every": 2},
+    "validation": {"prompts": 4, "samples": 4, "top": 2},
+    "logging": {"report_to": []},
+}
+
+
+def tiny_recipe(policy_dir: Path, data_dir: Path, /, **overrides: Any) -> dict[str, Any]:
+    """The tests' recipe for the tiny policy at `policy_dir` on the prepared prompts at `data_dir`.
+
+    `section__key=value` sets one leaf (`optim__steps=2`); `section=value` replaces a whole section.
+    """
+    recipe = copy.deepcopy(TINY_RECIPE)
+    recipe["policy"]["name_or_path"] = str(policy_dir)
+    recipe["data"] = {"dir": str(data_dir)}
+    for key, value in overrides.items():
+        node = recipe
+        *parents, leaf = key.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return recipe
+
+
+def write_recipe(path: Path, recipe: dict[str, Any]) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def tea_env(tmp: Path | None = None, **extra: str) -> dict[str, str]:
+    """Environment for a `tea` subprocess: tests/ importable (rewards_for_tests), a private TEA_CACHE,
+    one thread, and no inherited launcher variables (each run starts its own process group)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    if tmp is not None:
+        env["TEA_CACHE"] = str(tmp / "cache")
+    env["OMP_NUM_THREADS"] = "1"
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env.update(extra)
+    return env

@@ -1,6 +1,6 @@
 """Gaussian upper-tail constants and the empirical tail statistics of a reward group.
 
-Paper references (paper/tea_paper.tex):
+Paper references (the TEA paper; labels as in its LaTeX source):
 - Lemma `lem:VN_tail_surrogate`: c̃_N = (c_N − λ_α)/√δ_α with c_N = E[max of N i.i.d. N(0, 1)],
   z_α = Φ⁻¹(1 − α), λ_α = φ(z_α)/(1 − Φ(z_α)), δ_α = 1 + z_α·λ_α − λ_α².
 - Eq. `eq:empirical_tail_vector`: q = ⌈α·m⌉, r̂ = q-th largest reward, μ̂ = mean of the top q,

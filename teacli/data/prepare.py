@@ -30,7 +30,7 @@ from typing import Any
 
 from teacli.data.errors import DataError
 from teacli.data.normalize import normalize_messages, prompt_id
-from teacli.data.readers import BadRow
+from teacli.data.readers import FORMATS, BadRow, sniff
 from teacli.data.sources import (
     SOURCES,
     Candidate,
@@ -99,6 +99,7 @@ def prepare(
     spec = SOURCES[source]
     if max_prompt_chars < 1:
         raise DataError(f"--max-prompt-chars must be positive, got {max_prompt_chars}")
+    _check_sizes(train_size, val_size, heldout_size)
     excludes = tuple(spec.default_exclude if exclude_sources is None else exclude_sources)
     if excludes == ("none",):
         excludes = ()
@@ -157,12 +158,21 @@ def _streams(spec: Source, inputs: Sequence[Path], test_inputs: Sequence[Path]) 
 
 
 def _candidates(spec: Source, stream: Stream, prompt_column: str | None, test: bool, bad: list[str], counts: dict[str, int]):
-    """Yield Candidates of one stream; undecodable rows are counted and sampled into `bad`."""
+    """Yield Candidates of one stream; undecodable rows are counted and sampled into `bad`.
+
+    An input with no rows, or none that can be read, is a DataError naming it (and its first bad row
+    and the cause): it is the wrong file, format or encoding, not a few bad rows among good ones.
+    """
     extract = None
+    rows = failed = 0
+    first_bad = ""
     for where, row in stream.rows():
         counts["rows_read"] += 1
+        rows += 1
         if isinstance(row, BadRow):
             counts["undecodable"] += 1
+            failed += 1
+            first_bad = first_bad or f"{row.where}: {row.reason}"
             _sample(bad, f"{row.where}: {row.reason}")
             continue
         if extract is None:  # the first decodable row fixes the column (missing → clear error)
@@ -173,7 +183,18 @@ def _candidates(spec: Source, stream: Stream, prompt_column: str | None, test: b
             yield extract(row)
         except RowError as e:
             counts["undecodable"] += 1
+            failed += 1
+            first_bad = first_bad or f"{where}: {e}"
             _sample(bad, f"{where}: {e}")
+    if rows == 0:
+        raise DataError(f"{stream.label} is empty: it holds no rows")
+    if failed == rows:
+        looks = sniff(stream.path) if stream.path is not None else ""
+        hint = f" The file looks {looks}." if looks else ""
+        raise DataError(
+            f"{stream.label}: none of its {rows} row(s) could be read; the first: {first_bad}.{hint} "
+            f"prepare-data reads {FORMATS}"
+        )
 
 
 def _sample(bad: list[str], line: str) -> None:
@@ -239,13 +260,20 @@ def _drop_reason(cand: Candidate, messages: list[dict[str, str]], excludes: tupl
 # ---------------------------------------------------------------------------- sizes
 
 
+def _check_sizes(train: int | None, val: int | None, heldout: int | None) -> dict[str, int]:
+    """The sizes given explicitly, checked before any input is read."""
+    explicit = {k: n for k, n in (("train", train), ("val", val), ("heldout", heldout)) if n is not None}
+    for name, n in explicit.items():
+        if n < 0 or (name in ("train", "val") and n == 0):
+            why = " (training selects checkpoints on the val split)" if name == "val" else ""
+            raise DataError(f"--{name}-size must be {'non-negative' if name == 'heldout' else 'positive'}{why}, got {n}")
+    return explicit
+
+
 def _resolve_sizes(
     spec: Source, pool: int, counts: dict[str, int], train: int | None, val: int | None, heldout: int | None
 ) -> dict[str, int]:
-    explicit = {k: n for k, n in (("train", train), ("val", val), ("heldout", heldout)) if n is not None}
-    for name, n in explicit.items():
-        if n < 0 or (name == "train" and n == 0):
-            raise DataError(f"--{name}-size must be {'positive' if name == 'train' else 'non-negative'}, got {n}")
+    explicit = _check_sizes(train, val, heldout)
     d_train, d_val, d_heldout = spec.default_sizes
     val = d_val if val is None else val
     heldout = d_heldout if heldout is None else heldout

@@ -1,8 +1,13 @@
-"""Row readers for local copies: jsonl (optionally .gz), parquet and csv.
+"""Row readers for local copies: JSON Lines (optionally .gz), JSON, parquet and csv.
 
 Each reader streams `(where, row)` pairs; `where` is `file:line` (or `file#row`) for error
 messages. A row that cannot be decoded is yielded as a `BadRow` so the caller can count it
-and show a sample, instead of failing the whole file. pyarrow is imported only for parquet.
+and show a sample, instead of failing the whole file (a file where every row fails is an
+error: see prepare.py). pyarrow is imported only for parquet.
+
+A `.json` file is read as one JSON array of objects (what `json.dump(rows)` and
+`Dataset.to_json(lines=False)` write) when it is one, else as JSON Lines (`Dataset.to_json`'s
+default); HF `datasets` reads both the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +24,23 @@ from typing import Any
 from teacli.data.errors import DataError
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv")
+FORMATS = (
+    "JSON Lines (.jsonl, .jsonl.gz), JSON (.json: an array of objects, or JSON Lines), Parquet (.parquet) "
+    "and CSV with a header row (.csv), as UTF-8 text"
+)
+_MAGIC = {b"\x1f\x8b": "gzip-compressed", b"PAR1": "a Parquet file", b"PK\x03\x04": "a zip archive", b"\x89PNG": "a PNG image"}
+
+
+def sniff(path: Path) -> str:
+    """What a file that failed to parse looks like ('gzip-compressed', ...), or '' when nothing is recognised."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return ""
+    if path.name.lower().endswith(".gz") and head.startswith(b"\x1f\x8b"):
+        return ""
+    return next((what for magic, what in _MAGIC.items() if head.startswith(magic)), "")
 
 
 @dataclass(frozen=True)
@@ -32,34 +54,74 @@ Row = dict[str, Any]
 
 def read_rows(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
     """Stream the rows of one local file; the format follows the file name."""
-    if not path.is_file():
-        raise DataError(f"input file not found: {path}")
+    check_input(path)
     name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz", ".json")):
+    if name.endswith(".json"):
+        return _read_json(path)
+    if name.endswith((".jsonl", ".jsonl.gz")):
         return _read_jsonl(path)
     if name.endswith(".parquet"):
         return _read_parquet(path)
-    if name.endswith(".csv"):
-        return _read_csv(path)
-    raise DataError(f"unsupported input format: {path.name} (expected one of {', '.join(SUFFIXES)})")
+    return _read_csv(path)
+
+
+def check_input(path: Path) -> None:
+    """DataError unless `path` is a file of a format read here (checked for every input before any is read)."""
+    if path.is_dir():
+        raise DataError(f"input {path} is a directory; pass the files in it one by one (--input A --input B ...)")
+    if not path.is_file():
+        raise DataError(f"input file not found: {path}")
+    if not path.name.lower().endswith(SUFFIXES):
+        raise DataError(f"unsupported input format: {path.name}; prepare-data reads {FORMATS}")
+
+
+def _decode_json(raw: bytes) -> tuple[Any, str | None]:
+    """(value, None) or (None, why the bytes are not one JSON value)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg} at column {e.colno})"
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
     opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{path.name}:{lineno}"
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                yield where, BadRow(where, f"not valid UTF-8 JSON ({e.__class__.__name__})")
-                continue
-            if not isinstance(row, dict):
-                yield where, BadRow(where, f"expected a JSON object, got {type(row).__name__}")
-                continue
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                where = f"{path.name}:{lineno}"
+                if not raw.strip():
+                    continue
+                row, why = _decode_json(raw.rstrip(b"\r\n"))
+                if why is not None:
+                    yield where, BadRow(where, why)
+                elif not isinstance(row, dict):
+                    yield where, BadRow(where, f"expected a JSON object, got {type(row).__name__}")
+                else:
+                    yield where, row
+    except (OSError, EOFError) as e:  # a truncated or non-gzip .gz
+        raise DataError(f"cannot read {path.name}: {e}") from None
+
+
+def _read_json(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
+    data = path.read_bytes()
+    if not data.lstrip().startswith(b"["):
+        yield from _read_jsonl(path)
+        return
+    rows, why = _decode_json(data)
+    if why is not None or not isinstance(rows, list):
+        # Not one array: lines that each hold an array, or a broken file. Line by line names the first bad line.
+        yield from _read_jsonl(path)
+        return
+    for i, row in enumerate(rows):
+        where = f"{path.name}[{i}]"
+        if isinstance(row, dict):
             yield where, row
+        else:
+            yield where, BadRow(where, f"expected a JSON object, got {type(row).__name__}")
 
 
 def _read_parquet(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
@@ -84,11 +146,14 @@ def _read_csv(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
         # csv needs text: replace the bad bytes and report the rows that contain them.
         text, lossy = data.decode("utf-8", errors="replace"), True
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    for row in reader:
-        where = f"{path.name}:{reader.line_num}"
-        if None in row or any(v is None for v in row.values()):
-            yield where, BadRow(where, "wrong number of fields")
-        elif lossy and any("\ufffd" in v for v in row.values()):
-            yield where, BadRow(where, "not valid UTF-8")
-        else:
-            yield where, row
+    try:
+        for row in reader:
+            where = f"{path.name}:{reader.line_num}"
+            if None in row or any(v is None for v in row.values()):
+                yield where, BadRow(where, "wrong number of fields")
+            elif lossy and any("\ufffd" in v for v in row.values()):
+                yield where, BadRow(where, "not UTF-8")
+            else:
+                yield where, row
+    except csv.Error as e:  # e.g. a field over the csv module's size limit: the rest cannot be parsed
+        raise DataError(f"{path.name}:{reader.line_num}: not readable as CSV ({e})") from None

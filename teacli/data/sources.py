@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from teacli.data.errors import DataError
-from teacli.data.readers import BadRow, Row, read_rows
+from teacli.data.readers import BadRow, Row, check_input, read_rows
 
 ROLES = ("system", "user", "assistant")
 
@@ -233,11 +233,13 @@ class Stream:
     label: str
     origin: str
     rows: Callable[[], Iterator[tuple[str, Row | BadRow]]]
+    path: Path | None = None  # a local file (None: a hub split or the built-in set)
 
 
 def file_stream(source: Source, path: Path) -> Stream:
+    check_input(path)
     origin = hh_origin(path) if source.name == "hh-helpful" else ""
-    return Stream(path.name, origin, lambda: read_rows(path))
+    return Stream(path.name, origin, lambda: read_rows(path), path)
 
 
 def builtin_stream() -> Stream:

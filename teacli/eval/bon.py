@@ -6,7 +6,7 @@ rollout engine and sampling parameters, scored by the run's reward; bo<N> for ev
 N dividing M is the grouped best-of-N of `teacli.eval.stats.grouped_bon` (consecutive groups of N
 in sample order, mean of group maxima per prompt, mean over prompts).
 
-Files (the run-directory contract of DESIGN.md), under `eval/` for the validation-selected
+Files (the run-directory contract, teacli/rundir.py), under `eval/` for the validation-selected
 checkpoint, `eval/step_XXXXXX/` for an explicit one, `eval/base/` for the untrained policy:
     <split>-M<M>.jsonl       one line per completion {prompt_id, sample, response, reward, tokens}
     <split>.prompts.jsonl    the evaluated prompts {prompt_id, messages}
@@ -85,12 +85,16 @@ class Checkpoint:
 
 def resolve_checkpoint(run: Path, spec: str) -> Checkpoint:
     """'selected' (selected.json), 'step_N' / 'N' (checkpoints/step_00000N) or 'base' (the recipe's policy)."""
-    from teacli.train.checkpoint import RunDir, step_dir_name
+    from teacli.rundir import RunDir, eval_dir, parse_checkpoint_spec
 
     rd = RunDir(run)
-    if spec == "base":
-        return Checkpoint("base", None, run / "eval" / "base")
-    if spec == "selected":
+    try:
+        which = parse_checkpoint_spec(spec)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    if which == "base":
+        return Checkpoint("base", None, eval_dir(run, "base"))
+    if which == "selected":
         sel = rd.read_selected()
         if not sel:
             raise EvalError(
@@ -100,16 +104,12 @@ def resolve_checkpoint(run: Path, spec: str) -> Checkpoint:
         path = run / sel["path"]
         if not path.is_dir():
             raise EvalError(f"{rd.selected} names {sel['path']}, which does not exist (pruned?)")
-        return Checkpoint(int(sel["step"]), path, run / "eval")
-    text = spec[len("step_"):] if spec.startswith("step_") else spec
-    if not text.isdigit():
-        raise EvalError(f"--checkpoint {spec!r}: expected selected, base or step_N (e.g. step_25)")
-    step = int(text)
-    path = rd.checkpoints / step_dir_name(step)
+        return Checkpoint(int(sel["step"]), path, eval_dir(run, "selected"))
+    path = rd.checkpoint(which)
     if not (path / "config.json").is_file():
         have = ", ".join(f"step_{s}" for s, _ in rd.complete_checkpoints()) or "none"
         raise EvalError(f"--checkpoint {spec}: no checkpoint {path} (checkpoints in this run: {have})")
-    return Checkpoint(step, path, run / "eval" / step_dir_name(step))
+    return Checkpoint(which, path, eval_dir(run, which))
 
 
 @dataclass(frozen=True)
@@ -246,18 +246,13 @@ class EvalResult:
 
 def load_run_recipe(run: Path, overrides: Sequence[str] = ()) -> "Recipe":
     """The run's resolved recipe.yaml, with optional `--set` overrides applied."""
-    import yaml
-
-    from teacli.config import RecipeError, apply_overrides, recipe_from_dict
+    from teacli.config import RecipeError, read_yaml, recipe_from_dict
 
     path = run / "recipe.yaml"
     if not path.is_file():
         raise EvalError(f"{run} is not a run directory (no recipe.yaml)")
-    data = yaml.safe_load(path.read_text()) or {}
-    origin: dict[str, str] = {}
     try:
-        apply_overrides(data, list(overrides), origin)
-        return recipe_from_dict(data, source=str(path))
+        return recipe_from_dict(read_yaml(path) or {}, source=str(path), overrides=overrides)
     except RecipeError as exc:
         raise EvalError(str(exc)) from None
 
@@ -293,7 +288,7 @@ def evaluate(
 
 
 def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str]) -> dict[str, Any]:
-    from teacli.rollout.base import resolve_engine_name
+    from teacli.rollout.factory import resolve_engine_name
 
     r, w = recipe.rollout, recipe.reward
     return {
@@ -337,7 +332,8 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
     from teacli.data.errors import DataError
     from teacli.data.load import load_split
     from teacli.rewards import build_reward, checked_score
-    from teacli.rollout.base import build_engine, sampling_from
+    from teacli.rollout.base import sampling_from
+    from teacli.rollout.factory import build_engine
 
     t_start = time.perf_counter()
     _check_settings(files, settings, log)
@@ -409,7 +405,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         try:
             model = models.load_policy(policy_cfg, device=device).eval()
-            reward = build_reward(recipe.reward, device=device)
+            reward = build_reward(recipe.reward, device=device, tokenizer=tokenizer)
         except ValueError as exc:
             raise EvalError(str(exc)) from None
         # The options reach the vllm engine only; it starts from placeholder weights and gets the

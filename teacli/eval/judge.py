@@ -11,6 +11,10 @@ The judge is any OpenAI-compatible chat-completions endpoint (DeepSeek's API, `v
 with httpx: bounded concurrency, retries with exponential backoff and jitter on 429 / 5xx / timeouts /
 connection errors (Retry-After honoured), and tolerant parsing (code fences, prose, <think> blocks).
 A reply that still has no valid verdict after the retries is recorded as `invalid`, never guessed.
+A pair whose last attempt got no reply at all (connection refused, timeout, 429 / 5xx: a transport
+failure) is not a verdict: the run stops with `JudgeUnavailable` naming the URL, keeps every verdict
+it already wrote, and a rerun judges the rest. Such failures are never written to the records or
+the cache (records of older versions that hold one are judged again).
 
 Files (RUN_A = self, RUN_B = other; docs/judge.md):
   RUN_A/judge/<RUN_B name>-bo<N>.jsonl  one record per judged pair, rewritten in prompt order at the end;
@@ -46,12 +50,13 @@ import httpx
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "deepseek-chat"
+DEFAULT_MODEL = "deepseek-v4-pro"  # the paper's judge, DeepSeek-v4 Pro, by its name at DeepSeek's API
 DEFAULT_BASE_URL = "https://api.deepseek.com/v1"
 DEFAULT_API_KEY_ENV = "DEEPSEEK_API_KEY"
 DEFAULT_SPLIT = "core250"
 RETRY_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
 CACHE_FILE = ".cache.jsonl"
+UNPARSEABLE = "unparseable reply"  # the error of an invalid record that a real reply earned
 
 SYSTEM_PROMPT = """\
 You are an impartial expert judge. You compare two AI assistant responses to the same conversation \
@@ -98,6 +103,10 @@ class JudgeError(ValueError):
     """Bad input, options or endpoint for `tea judge`; the message says what to do."""
 
 
+class JudgeUnavailable(JudgeError):
+    """The endpoint gave no usable reply after the retries (unreachable, timing out, 429 / 5xx)."""
+
+
 class VerdictError(ValueError):
     """A judge reply holding no valid verdict."""
 
@@ -107,7 +116,7 @@ class JudgeConfig:
     """How to reach the judge and how hard to try."""
 
     model: str = DEFAULT_MODEL
-    """Model name sent to the endpoint (DeepSeek: deepseek-chat; vllm: the served model name)."""
+    """Model name sent to the endpoint (DeepSeek: deepseek-v4-pro, the paper's judge; vllm: the served model name)."""
     base_url: str = DEFAULT_BASE_URL
     """OpenAI-compatible base URL; requests go to <base_url>/chat/completions."""
     concurrency: int = 8
@@ -117,7 +126,8 @@ class JudgeConfig:
     timeout_s: float = 120.0
     """Deadline of one request (connect + reply), after which it is retried."""
     max_attempts: int = 5
-    """Requests per pair, the first included, before it is recorded as invalid."""
+    """Requests per pair, the first included, before it is recorded as invalid (an unparseable reply)
+    or the run stops (no reply: a transport failure)."""
     backoff_s: float = 1.0
     """Delay before the first retry; doubles each retry (times a jitter in [0.5, 1])."""
     backoff_max_s: float = 60.0
@@ -125,8 +135,8 @@ class JudgeConfig:
     retry_after_max_s: float = 300.0
     """Cap of a server's Retry-After that is honoured."""
     temperature: float = 0.0
-    max_tokens: int = 1024
-    """Room for the verdict; a reasoning model needs more."""
+    max_tokens: int = 8192
+    """Room for the reply; DeepSeek-v4 Pro thinks by default and its reasoning counts against this."""
     retry_invalid: bool = False
     """Judge again the pairs whose existing record is invalid (valid ones are always kept)."""
 
@@ -574,7 +584,7 @@ def _existing_records(path: Path, pairs: list[_Pair], config: JudgeConfig, split
                 f"Move or delete that file to judge afresh."
             )
         stale += pid in expected and r.get("cache_key") != expected[pid]
-        if config.retry_invalid and r.get("winner") not in ("self", "other"):
+        if r.get("winner") not in ("self", "other") and (config.retry_invalid or not _is_reply_failure(r)):
             continue
         kept[pid] = r
     if stale:
@@ -583,6 +593,13 @@ def _existing_records(path: Path, pairs: list[_Pair], config: JudgeConfig, split
             f"(eval-bon rerun, or a different teacli version); delete that file to judge afresh"
         )
     return kept
+
+
+def _is_reply_failure(record: Mapping[str, Any]) -> bool:
+    """An invalid record that a real reply earned (it did not parse), as opposed to a transport failure
+    that an older version recorded as invalid; only the former is kept on rerun."""
+    return str(record.get("error") or "").startswith(UNPARSEABLE)
+
 
 
 async def _judge_all(todo, config, api_key, cache, counters, emit) -> None:
@@ -635,9 +652,9 @@ async def _judge_pair(ctx: _Context, pair: _Pair) -> dict:
             ctx.counters["cache_hits"] += 1
             return _record(pair, verdict, attempts=0, cached=True)
     config = ctx.config
-    error, raw = "", None
+    error, raw, replied = "", None, False
     for attempt in range(1, config.max_attempts + 1):
-        retry_after = None
+        retry_after, replied = None, False
         try:
             async with ctx.semaphore:
                 ctx.counters["requests"] += 1
@@ -650,12 +667,17 @@ async def _judge_pair(ctx: _Context, pair: _Pair) -> dict:
             if resp.status_code == 200:
                 try:
                     raw = resp.json()["choices"][0]["message"]["content"]
-                    verdict = parse_verdict(raw)
-                except (VerdictError, ValueError, KeyError, IndexError, TypeError) as exc:
-                    error = ctx.redact(f"unparseable reply: {exc}")
+                except (ValueError, KeyError, IndexError, TypeError) as exc:  # a proxy page, not the model
+                    error = ctx.redact(f"HTTP 200 without a chat completion ({type(exc).__name__}): {resp.text[:120].strip()!r}")
+                    raw = None
                 else:
-                    ctx.cache.put(pair.key, config.model, raw)
-                    return _record(pair, verdict, attempts=attempt, cached=False)
+                    try:
+                        verdict = parse_verdict(raw)
+                    except VerdictError as exc:
+                        error, replied = ctx.redact(f"{UNPARSEABLE}: {exc}"), True
+                    else:
+                        ctx.cache.put(pair.key, config.model, raw)
+                        return _record(pair, verdict, attempts=attempt, cached=False)
             elif resp.status_code in RETRY_STATUS:
                 error = f"HTTP {resp.status_code}"
                 retry_after = _retry_after(resp.headers.get("retry-after"))
@@ -668,6 +690,11 @@ async def _judge_pair(ctx: _Context, pair: _Pair) -> dict:
             delay = backoff_delay(attempt, config, ctx.rng, retry_after)
             log.info("judge %s: attempt %d failed (%s); retrying in %.2f s", pair.prompt_id, attempt, error, delay)
             await asyncio.sleep(delay)
+    if not replied:  # the endpoint, not the reply, failed: stop; the pair is judged again on rerun
+        raise JudgeUnavailable(
+            f"{ctx.url}: no reply after {config.max_attempts} attempt(s) ({error}); the verdicts judged so far "
+            f"are kept and a rerun judges the rest (check --base-url, or raise --timeout / --max-attempts)"
+        )
     log.warning("judge %s: no valid verdict after %d attempts (%s)", pair.prompt_id, config.max_attempts, error)
     record = _record(pair, None, attempts=config.max_attempts, cached=False, error=error)
     if isinstance(raw, str):

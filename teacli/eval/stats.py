@@ -11,7 +11,7 @@ Paper, appendix "Training and Evaluation Details":
 The paper does not say which bootstrap interval it reports; we use the percentile interval
 (2.5th and 97.5th percentiles of the resampled mean difference, numpy's linear interpolation).
 
-Imports only numpy (DESIGN import rule): `report/` uses this module without torch.
+Imports only numpy (docs/architecture.md import rule): `report/` uses this module without torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Report plots (matplotlib, Agg backend, PNG): the best-of-N frontier and the delta to the baseline.
+"""Report plots (matplotlib, Agg backend, PNG): the best-of-N frontier and the delta to each run's baseline.
 
 Both put N on a log2 axis (N = 1, 2, 4, …, M) and shade the 95% prompt-bootstrap interval.
 """
@@ -44,12 +44,15 @@ def plot_frontier(Ns: Sequence[int], series: Mapping[str, Series], path: Path, t
 
 
 def plot_delta(Ns: Sequence[int], series: Mapping[str, Series], baseline: str, path: Path, title: str) -> Path:
-    """Paired delta to the baseline vs N with 95% paired-bootstrap bands; a dashed line at zero."""
+    """Paired delta to the baseline vs N with 95% paired-bootstrap bands; a dashed line at zero.
+
+    `series` is keyed by the legend label (e.g. "tea − grpo"); `baseline` names the y axis.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
     ax.axhline(0.0, color="black", linestyle="--", linewidth=1.0)
     for name, (value, lo, hi) in series.items():
-        (line,) = ax.plot(Ns, value, marker="o", markersize=3, label=f"{name} − {baseline}")
+        (line,) = ax.plot(Ns, value, marker="o", markersize=3, label=name)
         ax.fill_between(Ns, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     _axes_n(ax, Ns)
     ax.set_ylabel(f"Δ reward vs {baseline}")

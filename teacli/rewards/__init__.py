@@ -8,6 +8,9 @@
   * kind 'python' → `reward.function`, a dotted path 'package.module:function' to a plain function
                     `f(prompts, responses, **reward.params) -> list[float] | Tensor[B]`
                     (or to a class with a `score` method, built with `**reward.params`).
+  * kind 'remote' → `RemoteReward` (teacli/rewards/remote.py): an HTTP reward server at `reward.url`
+                    with OpenRLHF's remote-RM API; `tea serve-rm` (teacli/rewards/server.py) serves
+                    any of the kinds above over it.
 
 Model libraries are imported only when a reward of that kind is built. `checked_score` is what
 the trainer and `eval-bon` call: it rejects a wrong number of scores and NaN/inf with an error
@@ -44,10 +47,11 @@ REWARDS: dict[str, str] = {
 }
 
 
-def build_reward(cfg: "RewardConfig", device: Any = None) -> RewardFunction:
+def build_reward(cfg: "RewardConfig", device: Any = None, tokenizer: Any = None) -> RewardFunction:
     """The reward named by the recipe's `reward:` section.
 
     `device` is where the policy lives; an 'hf' reward model with `reward.device: auto` goes there.
+    `tokenizer` is the policy's: a 'remote' reward renders the prompt texts it sends with it.
     """
     if cfg.kind == "hf":
         from teacli.rewards.hf import HFRewardModel
@@ -62,7 +66,11 @@ def build_reward(cfg: "RewardConfig", device: Any = None) -> RewardFunction:
             raise ValueError(f"reward.params: {exc} (kind 'rule')") from None
     if cfg.kind == "python":
         return load_python_reward(cfg.function or "", cfg.params)
-    raise ValueError(f"reward.kind: {cfg.kind!r} is not one of hf, rule, python")
+    if cfg.kind == "remote":
+        from teacli.rewards.remote import RemoteReward
+
+        return RemoteReward.from_config(cfg, tokenizer)
+    raise ValueError(f"reward.kind: {cfg.kind!r} is not one of hf, rule, python, remote")
 
 
 def load_python_reward(path: str, params: dict[str, Any] | None = None) -> RewardFunction:

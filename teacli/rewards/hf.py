@@ -115,6 +115,16 @@ class HFRewardModel:
     def encode(self, prompt: "Prompt", response: str) -> list[int]:
         """Token ids of [prompt messages..., assistant: response] under the RM's template, ≤ max_length."""
         ids = encode_chat(self.tokenizer, [*prompt.messages, {"role": "assistant", "content": response}], add_generation_prompt=False)
+        return self._truncate(ids)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a conversation already rendered as text (OpenRLHF's `query`), no special tokens added."""
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids:
+            raise ValueError(f"reward model: a query of {len(text)} characters has no tokens to score")
+        return self._truncate(ids)
+
+    def _truncate(self, ids: list[int]) -> list[int]:
         if len(ids) <= self.max_length:
             return ids
         self.truncated += 1
@@ -127,11 +137,18 @@ class HFRewardModel:
 
     def score(self, prompts: Sequence["Prompt"], responses: Sequence[str]) -> "torch.Tensor":
         """prompts[B], responses[B] → rewards[B] float32 on CPU: the RM's scalar logit per response."""
-        import torch
-
         if len(prompts) != len(responses):
             raise ValueError(f"reward model: {len(prompts)} prompts but {len(responses)} responses")
-        encoded = [self.encode(p, r) for p, r in zip(prompts, responses)]
+        return self._score_encoded([self.encode(p, r) for p, r in zip(prompts, responses)])
+
+    def score_texts(self, texts: Sequence[str]) -> "torch.Tensor":
+        """texts[B] (whole conversations in the RM's chat format, as OpenRLHF clients send) → rewards[B]."""
+        return self._score_encoded([self.encode_text(t) for t in texts])
+
+    def _score_encoded(self, encoded: list[list[int]]) -> "torch.Tensor":
+        """encoded[B] token ids → rewards[B] float32 on CPU, batched by length (the result does not depend on it)."""
+        import torch
+
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
         scores = torch.empty(len(encoded), dtype=torch.float32)
         was_training = self.model.training

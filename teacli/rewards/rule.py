@@ -36,6 +36,7 @@ surrounding whitespace.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -233,12 +234,24 @@ def _check_values(c: dict[str, Any], ctype: str, prompt_id: str) -> None:
 # ---------------------------------------------------------------------------- the reward
 
 
+@dataclasses.dataclass(frozen=True)
+class RuleParams:
+    """The rule reward's parameters (a recipe's `reward.params` when `reward.kind: rule`), with their ranges.
+
+    The recipe loader checks `reward.params` against these fields (names, types, bounds), so a bad value
+    is an error naming `reward.params.<key>` and the file before anything runs.
+    """
+
+    tolerance: float = dataclasses.field(default=0.5, metadata={"doc": "τ of the partial-credit decay exp(−d/τ).", "gt": 0.0})
+    tie_break: float = dataclasses.field(default=0.02, metadata={"doc": "ε: weight of the distinct-word ratio.", "ge": 0.0, "lt": 1.0})
+
+
 class RuleReward:
     """score(prompts, responses) → Tensor[B] float32 in [0, 1]; see the module docstring."""
 
     name = "rule"
 
-    def __init__(self, tolerance: float = 0.5, tie_break: float = 0.02) -> None:
+    def __init__(self, tolerance: float = RuleParams.tolerance, tie_break: float = RuleParams.tie_break) -> None:
         if not tolerance > 0:
             raise ValueError(f"rule reward: tolerance must be > 0, got {tolerance}")
         if not 0 <= tie_break < 1:

@@ -11,8 +11,8 @@ Two engines plug in behind `RolloutEngine`:
     pushes before the first step and after each update (`load_weights`), which sleeps (level 1:
     weights offloaded, KV cache freed) while the trainer runs and wakes to generate, and which
     checks after each push that its log-probs agree with the trainer's.
-    `build_engine` constructs it as `VLLMEngine(cfg, model, tokenizer, **options)`; it is the only
-    module that imports vllm.
+    `teacli.rollout.factory.build_engine` constructs it as `VLLMEngine(cfg, model, tokenizer, **options)`;
+    it is the only module that imports vllm.
 
 The loop calls `engine.load_weights(named_parameters)` once before the first step, then per step:
 `engine.wake()`, `engine.generate(...)`, `engine.sleep()`, train, `engine.load_weights(...)`, and
@@ -22,10 +22,8 @@ every engine.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from teacli.types import Completion, SamplingConfig
 
@@ -90,37 +88,3 @@ def cut_at_eos(token_ids: Sequence[int], eos_token_ids: Iterable[int]) -> tuple[
         if tok in eos:
             return list(token_ids[: i + 1]), True
     return list(token_ids), False
-
-
-def resolve_engine_name(name: str) -> str:
-    """'auto' → 'vllm' when vllm is importable and a CUDA device is present, else 'hf'."""
-    if name != "auto":
-        return name
-    if importlib.util.find_spec("vllm") is None:
-        return "hf"
-    import torch
-
-    return "vllm" if torch.cuda.is_available() else "hf"
-
-
-def build_engine(cfg: "RolloutConfig", model: Any, tokenizer: Any, **options: Any) -> RolloutEngine:
-    """The engine named by `rollout.engine` for the trainer's `model` (an HF module) and tokenizer.
-
-    `options` go to the vllm engine only (e.g. the policy config it builds its `vllm.LLM` from).
-    """
-    name = resolve_engine_name(cfg.engine)
-    if name == "hf":
-        from teacli.rollout.hf import HFEngine
-
-        return HFEngine(model, tokenizer, batch_size=cfg.batch_size)
-    if name == "vllm":
-        try:
-            module = importlib.import_module("teacli.rollout.vllm_engine")
-        except ImportError as exc:
-            raise ValueError(
-                f"rollout.engine: 'vllm' is not available here ({exc}). Install it with "
-                "`pip install 'teacli[vllm]'` on a CUDA machine (the vllm engine module may also not be "
-                "implemented in this version of tea), or set rollout.engine: hf"
-            ) from None
-        return module.VLLMEngine(cfg, model, tokenizer, **options)
-    raise ValueError(f"rollout.engine: {cfg.engine!r} is not one of hf, vllm, auto")

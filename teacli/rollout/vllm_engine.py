@@ -20,7 +20,7 @@ Failures of peer systems this design avoids, and how:
   * Buffers lost in sleep (OpenRLHF #723): only level 1 is used, which keeps everything vLLM
     allocated (rotary caches included) in CPU RAM; level 2 would discard it.
   * LoRA weights never reaching vLLM (OpenRLHF #1349): adapters are merged into the pushed base
-    weights (`teacli.train.lora.merged_named_tensors`); PEFT names never reach vLLM.
+    weights (`teacli.lora.merged_named_tensors`); PEFT names never reach vLLM.
   * OOM on wake-up (verl #2186): torch's cached blocks are returned to the driver before
     waking, and the weights wake before the KV cache, with the push in between.
   * Tied embeddings: `lm_head.weight` is pushed as well when the config ties it to the input
@@ -270,7 +270,7 @@ class VLLMEngine:
         """
         import torch
 
-        from teacli.train.loss import token_logprobs
+        from teacli.logprobs import token_logprobs
 
         diffs: list[torch.Tensor] = []
         picks = [(p, g[0]) for p, g in zip(prompt_token_ids, groups) if g and g[0].token_ids][:_SYNC_CHECK_SEQUENCES]
@@ -318,7 +318,7 @@ class VLLMEngine:
         stripped, and `lm_head.weight` added for tied embeddings."""
         named = iter(named_tensors)
         if _is_peft(self.model):
-            from teacli.train.lora import merged_named_tensors
+            from teacli.lora import merged_named_tensors
 
             named = merged_named_tensors(_unwrap(self.model), named)
         embedding, has_head = None, False

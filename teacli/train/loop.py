@@ -20,7 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teacli.train.checkpoint import RunDir, save_hf_model, step_dir_name, write_text_atomic
+from teacli.rundir import RunDir, step_dir_name, write_text_atomic
+from teacli.train.checkpoint import save_hf_model
 
 if TYPE_CHECKING:
     import torch
@@ -104,7 +105,7 @@ def _setup(recipe: "Recipe", world):
     from teacli import models
     from teacli.data.load import load_split
     from teacli.rewards import build_reward
-    from teacli.rollout.base import build_engine as build_rollout
+    from teacli.rollout.factory import build_engine as build_rollout
     from teacli.train import backend
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
@@ -122,13 +123,13 @@ def _setup(recipe: "Recipe", world):
             reference = models.load_policy(recipe.policy, dtype=dtype, device=world.device)
             reference.eval().requires_grad_(False)
     if recipe.policy.lora.enabled:
-        from teacli.train.lora import apply_lora
+        from teacli.lora import apply_lora
 
         policy = apply_lora(policy, recipe.policy.lora)
 
     train_prompts = load_split(recipe.data.dir, recipe.data.train_split)
     val_prompts = load_split(recipe.data.dir, recipe.data.val_split)[: recipe.validation.prompts]
-    reward = build_reward(recipe.reward, device=world.device)
+    reward = build_reward(recipe.reward, device=world.device, tokenizer=tokenizer)
 
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
     if P % world.world_size:
@@ -172,7 +173,7 @@ def generate_and_score(rollout, tokenizer, reward, prompts, recipe, n: int, seed
 def _ref_logprobs(reference, engine, input_ids, attn, lp):
     import torch
 
-    from teacli.train.loss import token_logprobs
+    from teacli.logprobs import token_logprobs
 
     with torch.no_grad():
         if reference == "adapters-disabled":
@@ -183,7 +184,8 @@ def _ref_logprobs(reference, engine, input_ids, attn, lp):
 
 def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device) -> dict[str, float]:
     """Micro-batched forward/backward over the step's sequences, then one optimizer step."""
-    from teacli.train.loss import policy_loss, token_logprobs
+    from teacli.logprobs import token_logprobs
+    from teacli.train.loss import policy_loss
 
     seq_prompt = [prompt_ids[p] for p, g in enumerate(groups) for _ in g]
     seq_comp = [c.token_ids for g in groups for c in g]
@@ -259,8 +261,9 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
 
     from teacli.advantages import compute_advantages
     from teacli.train import backend
-    from teacli.train.progress import Progress, metrics_sink
+    from teacli.train.progress import Progress, check_trackers, metrics_sink
 
+    check_trackers(recipe)  # an uninstalled tracker fails before any model is loaded
     world = backend.init_world()
     run = RunDir(run_dir)
     resume = _prepare_run_dir(run, recipe, world)
@@ -281,7 +284,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
     local_P = P // world.world_size
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sink = metrics_sink(run, recipe, world.is_main)
+    sink = metrics_sink(run, recipe, world, start)
     adv_params = dict(recipe.advantage.params)
     if recipe.advantage.name == "chow":
         adv_params["generator"] = torch.Generator().manual_seed(recipe.seed * 7919 + world.rank + start)
@@ -294,7 +297,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
             phase = "validation (validation.samples, rollout.batch_size)"
             result = _validation(engine, rollout, tokenizer, reward, val_prompts, recipe)
             if world.is_main:
-                run.append(run.validation, {"step": 0, **result})
+                sink.validation({"step": 0, **result})
                 sink.note(f"step 0 (untrained policy): validation {result['score']:.4f}")
         for step in range(start, recipe.optim.steps):
             t_step = time.perf_counter()
@@ -335,8 +338,8 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 "time_step": elapsed, "tokens_per_s": float(lengths.sum()) * world.world_size / max(t_gen, 1e-9),
                 **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
             }
-            record = {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
-            sink.write(record)
+            local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
+            sink.write(record, local=local)
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
                 phase = "validation and checkpoint (validation.samples, rollout.batch_size)"
@@ -360,7 +363,7 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": step * recipe.rollout.prompts_per_step})
     if world.is_main:
         if recipe.validation.enabled:
-            run.append(run.validation, {"step": step, **result})
+            sink.validation({"step": step, **result})
             selected = run.update_selection()
             sink.note(f"step {step}: validation {result['score']:.4f}; selected step {selected['step']}")
         run.prune(recipe.checkpoint.keep_last)

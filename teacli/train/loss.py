@@ -1,4 +1,4 @@
-"""Token log-probabilities, KL estimators and the grouped policy-gradient loss.
+"""KL estimators and the grouped policy-gradient loss (token log-probs: `teacli.logprobs`).
 
 The paper's training interface ("Training interface", Experiments §Setup) is
 ĝ_x = (1/m)·Σ_i A_i ∇_θ log π_θ(y_i | x), with A_i a stop-gradient weight, plus β·KL to the
@@ -19,29 +19,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-
-def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_prompt: int) -> "Tensor":
-    """Log-probs of the completion tokens: input_ids [B, L] (left-padded prompt of n_prompt tokens,
-    then completion) → [B, L − n_prompt], the log-prob of token t given everything before it.
-    """
-    import torch
-
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    n_completion = input_ids.shape[1] - n_prompt
-    # Only the last n_completion + 1 positions need the LM head (it is a large share of a small model's FLOPs).
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-        logits_to_keep=n_completion + 1,
-    ).logits
-    logits = logits[:, -(n_completion + 1) : -1]  # predictions for the completion positions
-    targets = input_ids[:, n_prompt:]
-    # Row by row: log_softmax over a large vocabulary in fp32 for the whole batch would dominate memory.
-    out = []
-    for row_logits, row_targets in zip(logits, targets):
-        row = row_logits.float()
-        out.append(row.gather(-1, row_targets[:, None]).squeeze(-1) - torch.logsumexp(row, dim=-1))
-    return torch.stack(out)
 
 
 def kl_estimate(logp: "Tensor", ref_logp: "Tensor", estimator: str) -> "Tensor":

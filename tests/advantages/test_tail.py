@@ -21,7 +21,7 @@ def test_expected_max_closed_forms():
     assert expected_max_normal(1) == pytest.approx(0.0, abs=1e-12)
     assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-10)
     assert expected_max_normal(3) == pytest.approx(1.5 / math.sqrt(math.pi), rel=1e-10)
-    # The published value (DESIGN.md / paper): c_128 = 2.594597
+    # The published value (the paper, Lemma VN_tail_surrogate): c_128 = 2.594597
     assert expected_max_normal(128) == pytest.approx(2.594597, abs=5e-7)
 
 

@@ -57,3 +57,18 @@ def test_cli_import_stays_light():
     code = ("import sys, teacli.cli; heavy = {'datasets', 'torch', 'pyarrow', 'pandas', 'teacli.data.prepare'} "
             "& set(sys.modules); assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent)
+
+
+def test_cli_unreadable_input_is_one_line_on_stderr(tmp_path):
+    src = tmp_path / "latin1.jsonl"
+    src.write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
+    tea = [sys.executable, "-m", "teacli.cli", "prepare-data", "files", "--out", str(tmp_path / "o")]
+    for args, message in (
+        (["--input", str(src)], "error: latin1.jsonl: none of its 1 row(s) could be read; the first: latin1.jsonl:1: not UTF-8"),
+        (["--input", str(tmp_path)], f"error: input {tmp_path} is a directory"),
+        (["--input", str(src), "--val-size", "0"], "error: --val-size must be positive"),
+    ):
+        proc = subprocess.run([*tea, *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(message), proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -12,6 +12,10 @@ def read_ids(path):
     return [json.loads(l)["id"] for l in path.read_text().splitlines()]
 
 
+def read_records(out, *splits):
+    return [json.loads(line) for split in splits for line in (out / f"{split}.jsonl").read_text().splitlines()]
+
+
 def test_core_sets_nest_inside_heldout(tmp_path):
     rows = [{"prompt": f"Write a limerick about the number {i}."} for i in range(600)]
     src = write_jsonl(tmp_path / "p.jsonl", rows)
@@ -39,8 +43,8 @@ def test_messages_column_and_constraints_are_kept(tmp_path):
     ]
     src = write_parquet(tmp_path / "m.parquet", rows)
     out = tmp_path / "out"
-    prepare("files", out, inputs=[src], train_size=2, val_size=0, heldout_size=0)
-    recs = {r["messages"][-1]["content"]: r for r in map(json.loads, (out / "train.jsonl").read_text().splitlines())}
+    prepare("files", out, inputs=[src], train_size=1, val_size=1, heldout_size=0)
+    recs = {r["messages"][-1]["content"]: r for r in read_records(out, "train", "val")}
     assert recs["Name a color."]["messages"] == [{"role": "system", "content": "Be brief."},
                                                  {"role": "user", "content": "Name a color."}]  # answer dropped
     assert recs["Name a color."]["constraints"] == [{"type": "lowercase"}]
@@ -55,9 +59,9 @@ def test_csv_with_named_prompt_column_and_test_overlap(tmp_path):
     assert "no 'messages' or 'prompt' column; columns present: answer, question" in str(e.value)
     assert "--prompt-column" in str(e.value)
     m = prepare("files", tmp_path / "out", inputs=[tmp_path / "q.csv"], test_inputs=[tmp_path / "t.csv"],
-                prompt_column="question", train_size=2, val_size=0, heldout_size=0).manifest
+                prompt_column="question", train_size=1, val_size=1, heldout_size=0).manifest
     assert m["filters"]["test_overlap"] == 1 and m["filters"]["eligible"] == 2
-    texts = [json.loads(l)["messages"][0]["content"] for l in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    texts = [r["messages"][0]["content"] for r in read_records(tmp_path / "out", "train", "val")]
     assert sorted(texts) == ['Define "entropy", briefly.', "What is 2+2?"]
 
 
@@ -79,19 +83,19 @@ def test_undecodable_rows_are_counted_and_sampled(tmp_path):
         b'\n'
         b'{"prompt": "fine two"}\n'
     )
-    s = prepare("files", tmp_path / "out", inputs=[src], train_size=2, val_size=0, heldout_size=0)
+    s = prepare("files", tmp_path / "out", inputs=[src], train_size=1, val_size=1, heldout_size=0)
     assert s.manifest["filters"]["rows_read"] == 7 and s.manifest["filters"]["undecodable"] == 5
     assert s.manifest["filters"]["eligible"] == 2
     assert s.bad_samples == (
-        "mixed.jsonl:2: not valid UTF-8 JSON (JSONDecodeError)",
+        "mixed.jsonl:2: not valid JSON (Expecting ',' delimiter at column 25)",
         "mixed.jsonl:3: expected a JSON object, got list",
-        "mixed.jsonl:4: not valid UTF-8 JSON (UnicodeDecodeError)",
+        "mixed.jsonl:4: not UTF-8 (byte 0xff at column 23)",
     )
 
 
 def test_too_long_limit_is_configurable(tmp_path):
-    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x" * 50}, {"prompt": "y" * 10}])
-    m = prepare("files", tmp_path / "out", inputs=[src], max_prompt_chars=20, train_size=1, val_size=0, heldout_size=0).manifest
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x" * 50}, {"prompt": "y" * 10}, {"prompt": "z" * 10}])
+    m = prepare("files", tmp_path / "out", inputs=[src], max_prompt_chars=20, train_size=1, val_size=1, heldout_size=0).manifest
     assert m["filters"]["too_long"] == 1 and m["options"]["max_prompt_chars"] == 20
 
 
@@ -125,5 +129,62 @@ def test_option_errors(tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(DataError, match="unsupported input format: x.txt"):
         prepare("files", tmp_path / "o", inputs=[tmp_path / "x.txt"])
-    with pytest.raises(DataError, match="--val-size must be non-negative"):
+    with pytest.raises(DataError, match="--val-size must be positive"):
         prepare("builtin", tmp_path / "o", val_size=-1)
+
+
+# ---------------------------------------------------------------------------- files that cannot be read (issue 14)
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("latin1.jsonl", '{"prompt": "café"}\n{"prompt": "naïve"}\n'.encode("latin-1"),
+         r"latin1.jsonl: none of its 2 row\(s\) could be read; the first: latin1.jsonl:1: not UTF-8 \(byte 0xe9 at column 16\)"),
+        ("binary.jsonl", bytes(range(256)) * 4, r"binary.jsonl: none of its \d+ row\(s\) could be read; the first: binary.jsonl:1: not valid JSON"),
+        ("packed.jsonl", None, r"packed.jsonl: none of its 1 row\(s\) could be read.*The file looks gzip-compressed"),
+        ("objects.jsonl", b'[{"prompt": "a"}, {"prompt": "b"}]\n', r"objects.jsonl:1: expected a JSON object, got list"),
+        ("latin1.csv", "prompt\ncafé\nnaïve\n".encode("latin-1"), r"latin1.csv: none of its 2 row\(s\) could be read; the first: latin1.csv:2: not UTF-8"),
+        ("numbers.jsonl", b'{"prompt": 1}\n{"prompt": 2}\n', r"numbers.jsonl:1: expected a string or a non-empty list of messages"),
+    ],
+)
+def test_a_file_where_every_row_fails_names_the_first_row_the_cause_and_the_formats(tmp_path, name, data, message):
+    import gzip
+
+    src = tmp_path / name
+    src.write_bytes(gzip.compress(b'{"prompt": "hi"}\n') if data is None else data)
+    with pytest.raises(DataError, match=message) as e:
+        prepare("files", tmp_path / "out", inputs=[src], train_size=1, val_size=1, heldout_size=0)
+    assert "prepare-data reads JSON Lines (.jsonl, .jsonl.gz), JSON (.json: an array of objects" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_json_array_file_is_read_as_rows(tmp_path):
+    src = tmp_path / "rows.json"
+    src.write_text(json.dumps([{"prompt": f"Question {i}?"} for i in range(6)] + [["not", "an", "object"]], indent=2))
+    s = prepare("files", tmp_path / "out", inputs=[src], train_size=4, val_size=1, heldout_size=1)
+    assert s.manifest["filters"]["rows_read"] == 7 and s.manifest["filters"]["eligible"] == 6
+    assert s.bad_samples == ("rows.json[6]: expected a JSON object, got list",)
+    lines = tmp_path / "lines.json"  # Dataset.to_json's default: JSON Lines under a .json name
+    lines.write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(6)))
+    assert prepare("files", tmp_path / "out2", inputs=[lines], train_size=4, val_size=1, heldout_size=1).manifest["filters"]["eligible"] == 6
+
+
+def test_empty_files_directories_and_zero_val_size_are_refused_before_reading(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": f"Prompt {i}"} for i in range(10)])
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "header.csv").write_text("prompt\n")
+    (tmp_path / "blank.jsonl").write_text("\n\n  \n")
+    for name in ("empty.jsonl", "header.csv", "blank.jsonl"):
+        with pytest.raises(DataError, match=rf"^{name} is empty: it holds no rows$"):
+            prepare("files", tmp_path / "out", inputs=[good, tmp_path / name], train_size=6, val_size=2, heldout_size=2)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(DataError, match=r"input .*folder is a directory; pass the files in it one by one"):
+        prepare("files", tmp_path / "out", inputs=[good, tmp_path / "folder"], train_size=6, val_size=2, heldout_size=2)
+    with pytest.raises(DataError, match=r"input .*folder is a directory"):
+        prepare("files", tmp_path / "out", inputs=[good], test_inputs=[tmp_path / "folder"], train_size=6, val_size=2, heldout_size=2)
+    with pytest.raises(DataError, match=r"--val-size must be positive \(training selects checkpoints on the val split\), got 0"):
+        prepare("files", tmp_path / "out", inputs=[good], train_size=6, val_size=0, heldout_size=2)
+    with pytest.raises(DataError, match=r"--train-size must be positive, got 0"):
+        prepare("files", tmp_path / "out", inputs=[good], train_size=0, val_size=2, heldout_size=2)
+    assert not (tmp_path / "out").exists()

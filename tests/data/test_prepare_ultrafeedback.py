@@ -119,7 +119,7 @@ def test_unscored_completions_count_as_unrated(tmp_path):
     train = write_jsonl(tmp_path / "uf.jsonl", rows)
     test = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "other"}])
     m = prepare("ultrafeedback", tmp_path / "out", inputs=[train], test_inputs=[test],
-                train_size=2, val_size=0, heldout_size=0).manifest
+                train_size=1, val_size=1, heldout_size=0).manifest
     assert m["filters"]["unrated"] == 1 and m["filters"]["eligible"] == 2
 
 

@@ -13,15 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-HERE = Path(__file__).resolve().parent
-TESTS = HERE.parent
-sys.path.insert(0, str(HERE))  # eval_rewards, for in-process runs
-sys.path.insert(0, str(TESTS))  # tiny_lm
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))  # tiny_lm, rewards_for_tests (in-process runs)
 
-from eval_rewards import length_reward  # noqa: E402
+from rewards_for_tests import length_reward  # noqa: E402
+from tiny_lm import tea_env, tiny_recipe, write_recipe  # noqa: E402
 
 from teacli.cli import app  # noqa: E402
 
@@ -31,13 +29,7 @@ KEYS = {"prompt_id", "sample", "response", "reward", "tokens"}
 
 
 def env(tmp: Path) -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(HERE), e.get("PYTHONPATH", "")])
-    e["TEA_CACHE"] = str(tmp / "cache")
-    e["OMP_NUM_THREADS"] = "1"
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(k, None)
-    return e
+    return tea_env(tmp)
 
 
 @pytest.fixture(scope="module")
@@ -53,22 +45,13 @@ def trained(tmp_path_factory) -> Path:
     prepare("builtin", root / "data")
     heldout = (root / "data" / "heldout.jsonl").read_text().splitlines()
     (root / "data" / f"{SPLIT}.jsonl").write_text("\n".join(heldout[:5]) + "\n")
-    recipe = {
-        "name": "tiny_eval",
-        "policy": {"name_or_path": str(root / "policy"), "dtype": "float32", "gradient_checkpointing": False},
-        "reward": {"kind": "python", "function": "eval_rewards:length_reward"},
-        "data": {"dir": str(root / "data")},
-        "rollout": {"engine": "hf", "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8, "batch_size": 8},
-        "advantage": {"name": "grpo", "params": {}},
-        "optim": {"steps": 2, "lr": 3.0e-3, "micro_batch_size": 8},
-        "kl": {"beta": 0.0},
-        "backend": {"zero_stage": 0, "precision": "fp32"},
-        "checkpoint": {"save_every": 1},
-        "validation": {"prompts": 2, "samples": 2, "top": 1},
-        "eval": {"split": SPLIT, "M": M, "score_batch_size": 4},
-        "logging": {"tensorboard": False},
-    }
-    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    recipe = tiny_recipe(
+        root / "policy", root / "data", name="tiny_eval",
+        rollout__group_size=4, rollout__batch_size=8, optim__steps=2, kl__beta=0.0, backend__zero_stage=0,
+        checkpoint__save_every=1, validation={"prompts": 2, "samples": 2, "top": 1},
+        eval={"split": SPLIT, "M": M, "score_batch_size": 4},
+    )
+    write_recipe(root / "recipe.yaml", recipe)
     run = root / "run"
     cmd = [sys.executable, "-m", "teacli.cli", "train", str(root / "recipe.yaml"), "--run-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(root), timeout=600)
@@ -151,7 +134,7 @@ def test_eval_bon_writes_records_prompts_and_grouped_bon(evaluated):
 def test_resume_after_sigkill_matches_an_uninterrupted_run(evaluated, tmp_path):
     run = tmp_path / "killed_run"
     shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
-    slow = ["--set", "reward.function=eval_rewards:slow_length_reward"]
+    slow = ["--set", "reward.function=rewards_for_tests:slow_length_reward"]
     records = run / "eval" / f"{SPLIT}-M{M}.jsonl"
     cmd = [sys.executable, "-m", "teacli.cli", "eval-bon", str(run), *slow]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(tmp_path), start_new_session=True)

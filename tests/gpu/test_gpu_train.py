@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 pytestmark = pytest.mark.gpu
 TESTS = Path(__file__).resolve().parent.parent
@@ -37,22 +35,16 @@ def assets(tmp_path_factory):
 def test_train_on_gpu_bf16(assets, tmp_path, stage):
     import torch
 
-    rec = {
-        "name": "gpu",
-        "policy": {"name_or_path": str(assets / "policy"), "gradient_checkpointing": True},
-        "reward": {"kind": "python", "function": "rewards_for_tests:length_reward"},
-        "data": {"dir": str(assets / "data")},
-        "rollout": {"engine": "hf", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 16},
-        "advantage": {"name": "tea", "params": {}},
-        "optim": {"steps": 2, "lr": 1.0e-3, "micro_batch_size": 8},
-        "backend": {"zero_stage": stage, "precision": "auto"},
-        "checkpoint": {"save_every": 2},
-        "validation": {"prompts": 2, "samples": 4, "top": 2},
-        "logging": {"tensorboard": False},
-    }
-    path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(rec))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS / "train"), os.environ.get("PYTHONPATH", "")]))
+    from tiny_lm import tea_env, tiny_recipe, write_recipe
+
+    rec = tiny_recipe(
+        assets / "policy", assets / "data", name="gpu", policy={"name_or_path": str(assets / "policy"), "gradient_checkpointing": True},
+        rollout__max_new_tokens=16, advantage={"name": "tea", "params": {}}, optim__steps=2, optim__lr=1.0e-3,
+        kl={"beta": 0.1}, backend={"zero_stage": stage, "precision": "auto"}, checkpoint__save_every=2,
+        validation={"prompts": 2, "samples": 4, "top": 2},
+    )
+    path = write_recipe(tmp_path / "r.yaml", rec)
+    env = tea_env()
     n = min(2, torch.cuda.device_count()) if stage == 3 else 1
     if n > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "teacli.cli", "train", str(path), "--run-dir", str(tmp_path / "run")]

@@ -32,7 +32,7 @@ from teacli.rollout import RolloutEngine, build_engine  # noqa: E402
 from teacli.rollout.base import RolloutSyncError  # noqa: E402
 from teacli.rollout.hf import HFEngine  # noqa: E402
 from teacli.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from teacli.train.loss import token_logprobs  # noqa: E402
+from teacli.logprobs import token_logprobs  # noqa: E402
 from teacli.types import SamplingConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -298,7 +298,7 @@ class TestOneEngine:
 
     def test_lora_adapters_are_merged_into_the_pushed_weights(self, fresh, model, tok, prompts):
         from teacli.config import LoraConfig
-        from teacli.train.lora import apply_lora
+        from teacli.lora import apply_lora
 
         peft = apply_lora(copy.deepcopy(model), LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
         with torch.no_grad():
@@ -337,28 +337,17 @@ def test_tea_train_with_the_vllm_engine(train_assets, tmp_path, processes, zero_
     """The real CLI: one process under ZeRO-2; two under ZeRO-3 (each rank its own engine in the
     trainer's process group, vLLM's external_launcher; parameters gathered one by one for the push);
     and LoRA (adapters merged into every push)."""
-    import yaml
 
-    recipe = {
-        "name": "tiny_vllm",
-        "policy": {"name_or_path": str(train_assets / "policy"), "dtype": "float32", "gradient_checkpointing": False,
-                   "lora": {"enabled": lora, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
-        "reward": {"kind": "python", "function": "rewards_for_tests:length_reward"},
-        "data": {"dir": str(train_assets / "data"), "max_prompt_tokens": 200},
-        "rollout": {"engine": "vllm", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 8},
-        "advantage": {"name": "grpo", "params": {}},
-        "optim": {"steps": 3, "lr": 3.0e-2 if lora else 3.0e-3, "micro_batch_size": 8},
-        "kl": {"beta": 0.05},
-        "backend": {"zero_stage": zero_stage, "precision": "fp32"},
-        "checkpoint": {"save_every": 3},
-        "validation": {"prompts": 2, "samples": 4, "top": 2},
-        "logging": {"tensorboard": False},
-    }
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS / "train"), os.environ.get("PYTHONPATH", "")]),
-               TEA_CACHE=str(tmp_path / "cache"), VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
+    from tiny_lm import tea_env, tiny_recipe, write_recipe
+
+    recipe = tiny_recipe(
+        train_assets / "policy", train_assets / "data", name="tiny_vllm",
+        policy__lora={"enabled": lora, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        data__max_prompt_tokens=200, rollout={"engine": "vllm", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 8},
+        optim__steps=3, optim__lr=3.0e-2 if lora else 3.0e-3, backend__zero_stage=zero_stage, checkpoint__save_every=3,
+    )
+    write_recipe(tmp_path / "recipe.yaml", recipe)
+    env = tea_env(tmp_path, VLLM_CPU_KVCACHE_SPACE="1")
     run = tmp_path / "run"
     tea = ["--module", "teacli.cli"] if processes > 1 else ["-m", "teacli.cli"]
     launcher = ["-m", "deepspeed.launcher.runner", "--num_gpus", str(processes), "--master_port", str(29600 + os.getpid() % 500)] if processes > 1 else []

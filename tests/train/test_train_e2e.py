@@ -32,39 +32,15 @@ def assets(tmp_path_factory):
 
 
 def recipe(assets: Path, tmp: Path, **overrides) -> Path:
-    data = {
-        "name": "tiny",
-        "policy": {"name_or_path": str(assets / "policy"), "dtype": "float32", "gradient_checkpointing": False},
-        "reward": {"kind": "python", "function": "rewards_for_tests:length_reward"},
-        "data": {"dir": str(assets / "data")},
-        "rollout": {"engine": "hf", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 8, "batch_size": 16},
-        "advantage": {"name": "grpo", "params": {}},
-        "optim": {"steps": 4, "lr": 3.0e-3, "micro_batch_size": 8},
-        "kl": {"beta": 0.05},
-        "backend": {"zero_stage": 2, "precision": "fp32"},
-        "checkpoint": {"save_every": 2},
-        "validation": {"prompts": 4, "samples": 4, "top": 2},
-        "logging": {"tensorboard": False},
-    }
-    for key, value in overrides.items():
-        node = data
-        *parents, leaf = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    path = tmp / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    from tiny_lm import tiny_recipe, write_recipe
+
+    return write_recipe(tmp / "recipe.yaml", tiny_recipe(assets / "policy", assets / "data", **overrides))
 
 
 def env(tmp: Path) -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(TESTS / "train"), e.get("PYTHONPATH", "")])
-    e["TEA_CACHE"] = str(tmp / "cache")
-    e["OMP_NUM_THREADS"] = "1"
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        e.pop(k, None)
-    return e
+    from tiny_lm import tea_env
+
+    return tea_env(tmp)
 
 
 def tea_train(recipe_path: Path, run_dir: Path, tmp: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:

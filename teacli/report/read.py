@@ -1,0 +1,322 @@
+"""Reading run directories for `tea report`: evaluations, completion records, judge records, recipe.yaml.
+
+Everything `report` reads comes through here (the run-directory contract, teacli/rundir.py):
+    eval/<split>-M<M>.bon.json    per-prompt grouped best-of-N values and the checkpoint step
+    eval/<split>-M<M>.jsonl       completion records: `tokens` (lengths) and `reward` of every sample
+    judge/<other-run>-bo<N>.jsonl pairwise judge records, when present
+    recipe.yaml                   rollout.group_size (the Budget column) and the advantage rule (which
+                                  run is TEA, GRPO-Z or a test-time-aware baseline), read with PyYAML
+(`eval/base/` or `eval/step_XXXXXX/` instead of `eval/` with --checkpoint base / step_N.)
+
+Nothing is skipped silently: a value that is missing, of the wrong type or not finite, a records line
+that is not a complete record, and a records file that does not hold every (prompt, sample) its bon.json
+implies are errors naming the file (and line), so no table is computed from part of the data.
+Imports only the standard library, PyYAML and teacli.rundir (docs/architecture.md import rule).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from teacli import rundir
+
+_BON_FILE = re.compile(r"^(?P<split>.+)-M(?P<M>\d+)\.bon\.json$")
+_JUDGE_FILE = re.compile(r"^(?P<other>.+)-bo(?P<N>\d+)\.jsonl$")
+
+
+class ReportError(ValueError):
+    """A report problem the user can act on (names the runs and files)."""
+
+
+@dataclass
+class JudgeRow:
+    other: str
+    N: int
+    win: int
+    loss: int
+    invalid: int
+
+    @property
+    def total(self) -> int:
+        return self.win + self.loss + self.invalid
+
+
+@dataclass(frozen=True)
+class RecipeInfo:
+    """What the report needs from a run's recipe.yaml."""
+
+    group_size: int  # rollout.group_size: m, the per-prompt training rollout budget
+    advantage: str  # advantage.name: the run's advantage rule
+    params: dict[str, Any]  # advantage.params
+
+
+@dataclass
+class RunEval:
+    name: str
+    path: Path
+    split: str
+    M: int
+    checkpoint: int | str
+    N: list[int]
+    per_prompt: dict[str, list[float]]  # prompt_id → value per N
+    tokens: dict[str, list[int]] | None  # prompt_id → tokens of samples 0..M-1 (None: no records file)
+    rewards: dict[str, list[float]] | None  # prompt_id → reward of samples 0..M-1 (None: no records file)
+    group_size: int
+    advantage: str
+    params: dict[str, Any] = field(default_factory=dict)
+    judge: list[JudgeRow] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------
+# Which evaluations exist
+
+
+def eval_dir(run: Path, checkpoint: str = "selected") -> Path:
+    """eval/ (validation-selected), eval/base/ or eval/step_XXXXXX/ (the run-directory contract)."""
+    try:
+        return rundir.eval_dir(run, checkpoint)
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def available_evals(directory: Path) -> dict[tuple[str, int], Path]:
+    """(split, M) → bon.json for every finished evaluation in `directory`."""
+    if not directory.is_dir():
+        return {}
+    found = {}
+    for p in directory.iterdir():
+        m = _BON_FILE.match(p.name)
+        if m and p.is_file():
+            found[(m["split"], int(m["M"]))] = p
+    return found
+
+
+def default_report_runs(cwd: Path | None = None, checkpoint: str = "selected") -> list[Path]:
+    """The current directory if it is a run directory, else every run under runs/ with a finished evaluation."""
+    cwd = Path.cwd() if cwd is None else cwd
+    if (cwd / "recipe.yaml").is_file():
+        return [cwd]
+    runs = sorted(d for d in (cwd / "runs").iterdir() if d.is_dir()) if (cwd / "runs").is_dir() else []
+    found = [d for d in runs if available_evals(eval_dir(d, checkpoint))]
+    if not found:
+        raise ReportError("no RUN_DIR given and no run under runs/ has an evaluation (run `tea eval-bon` first)")
+    return found
+
+
+def run_names(paths: Sequence[Path]) -> list[str]:
+    """Directory names, or parent/name where two runs share a name."""
+    names = [p.resolve().name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{p.resolve().parent.name}/{p.resolve().name}" for p in paths]
+
+
+def choose_eval(runs: Sequence[Path], names: Sequence[str], checkpoint: str, split: str | None, M: int | None) -> tuple[str, int]:
+    """The (split, M) every run has; an error naming the runs when there is none or the choice is ambiguous."""
+    have = {}
+    for run, name in zip(runs, names):
+        evals = {k for k in available_evals(eval_dir(run, checkpoint)) if (split is None or k[0] == split) and (M is None or k[1] == M)}
+        have[name] = evals
+    listing = "; ".join(
+        f"{name}: {', '.join(f'{s}-M{m}' for s, m in sorted(ev)) or 'none'}" for name, ev in have.items()
+    )
+    where = f"{eval_dir(Path('RUN'), checkpoint).relative_to('RUN').as_posix()}/"
+    if any(not ev for ev in have.values()):
+        missing = [n for n, ev in have.items() if not ev]
+        want = f" for split {split!r}" if split else ""
+        want += f" with M={M}" if M else ""
+        raise ReportError(f"run(s) {', '.join(missing)} have no finished evaluation{want} in {where} "
+                          f"(run `tea eval-bon` there). Evaluations found: {listing}")
+    common = set.intersection(*have.values())
+    if not common:
+        raise ReportError(f"the runs were evaluated on different splits or M, so they cannot be compared: {listing}. "
+                          "Evaluate them with the same --split and --n")
+    if len(common) > 1:
+        raise ReportError(f"the runs share several evaluations ({', '.join(f'{s}-M{m}' for s, m in sorted(common))}); "
+                          "choose one with --split and --n")
+    return next(iter(common))
+
+
+# ------------------------------------------------------------------------------------------------
+# The files of one run
+
+
+def read_recipe(path: Path) -> RecipeInfo:
+    """rollout.group_size, advantage.name and advantage.params of a run's recipe.yaml (any YAML style)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ReportError(f"{path}: not found (every run directory written by `tea train` has one; the report needs "
+                          "rollout.group_size and advantage.name from it)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot read ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise ReportError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if data is None:
+        raise ReportError(f"{path}: is empty (the run's resolved recipe, written by `tea train`)")
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
+
+    def get(dotted: str) -> Any:
+        node: Any = data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ReportError(f"{path}: {dotted} is missing")
+            node = node[part]
+        return node
+
+    m = get("rollout.group_size")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ReportError(f"{path}: rollout.group_size must be a positive integer, got {m!r}")
+    rule = get("advantage.name")
+    if not isinstance(rule, str) or not rule:
+        raise ReportError(f"{path}: advantage.name must be a rule name, got {rule!r}")
+    params = data["advantage"].get("params") or {}
+    if not isinstance(params, dict):
+        raise ReportError(f"{path}: advantage.params must be a mapping, got {params!r}")
+    return RecipeInfo(m, rule, params)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_bon(path: Path, split: str, M: int) -> tuple[int | str, list[int], dict[str, list[float]]]:
+    """bon.json → (checkpoint, N, per_prompt), every value checked (type, length, finite)."""
+    try:
+        bon = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(bon, dict):
+        raise ReportError(f"{path}: expected a JSON object written by `tea eval-bon`, got {type(bon).__name__}")
+    for key in ("split", "M", "checkpoint", "N", "mean", "per_prompt"):
+        if key not in bon:
+            raise ReportError(f"{path}: missing key {key!r}")
+    if bon["split"] != split or bon["M"] != M:
+        raise ReportError(f"{path}: says split {bon['split']!r}, M={bon['M']!r}, but its name says {split}-M{M}")
+    Ns = bon["N"]
+    if not isinstance(Ns, list) or not Ns or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= M for n in Ns):
+        raise ReportError(f"{path}: N must be a non-empty list of integers in 1..{M}, got {Ns!r}")
+    checkpoint = bon["checkpoint"]
+    if not (isinstance(checkpoint, str) or (isinstance(checkpoint, int) and not isinstance(checkpoint, bool))):
+        raise ReportError(f"{path}: checkpoint must be a step number or 'base', got {checkpoint!r}")
+    per_prompt = bon["per_prompt"]
+    if not isinstance(per_prompt, dict) or not per_prompt:
+        raise ReportError(f"{path}: per_prompt must be a non-empty mapping prompt_id → [value per N]")
+    out: dict[str, list[float]] = {}
+    for pid, values in per_prompt.items():
+        if not isinstance(values, list) or len(values) != len(Ns):
+            got = f"{len(values)} values" if isinstance(values, list) else repr(values)
+            raise ReportError(f"{path}: per_prompt[{pid!r}] has {got} for {len(Ns)} N")
+        if not all(_number(v) for v in values):
+            bad = next(v for v in values if not _number(v))
+            raise ReportError(f"{path}: per_prompt[{pid!r}] holds {bad!r}; every value must be a finite number "
+                              "(rerun `tea eval-bon` on this run)")
+        out[str(pid)] = [float(v) for v in values]
+    return checkpoint, [int(n) for n in Ns], out
+
+
+def read_records(path: Path, M: int, prompts: Sequence[str]) -> tuple[dict[str, list[int]], dict[str, list[float]]]:
+    """<split>-M<M>.jsonl → (tokens, rewards) per prompt, samples 0..M-1 in order.
+
+    Every line must be a complete record; every prompt of bon.json must have each sample exactly once
+    and nothing else may be there. Anything else is an error naming `file:line` or the counts, because
+    a table over part of the records (a torn file, a lost line) would look complete.
+    """
+    tokens: dict[str, dict[int, int]] = {pid: {} for pid in prompts}
+    rewards: dict[str, dict[int, float]] = {pid: {} for pid in prompts}
+    hint = "rerun `tea eval-bon` on this run to complete it"
+    try:
+        with open(path, encoding="utf-8") as f:  # line by line: records files of M = 512 run to hundreds of MB
+            for lineno, line in enumerate(f, 1):
+                _read_record(path, lineno, line, M, tokens, rewards, hint)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot read ({exc})") from None
+    have = sum(len(t) for t in tokens.values())
+    if have != M * len(prompts):
+        short = next(pid for pid in prompts if len(tokens[pid]) < M)
+        raise ReportError(f"{path}: holds {have} of the {M * len(prompts)} records its bon.json implies "
+                          f"({len(prompts)} prompts × M={M}); e.g. prompt {short!r} has {len(tokens[short])} of {M} samples; {hint}")
+    return ({pid: [t[s] for s in range(M)] for pid, t in tokens.items()},
+            {pid: [r[s] for s in range(M)] for pid, r in rewards.items()})
+
+
+def _read_record(path: Path, lineno: int, line: str, M: int, tokens: dict[str, dict[int, int]],
+                 rewards: dict[str, dict[int, float]], hint: str) -> None:
+    """Check one records line and file its tokens and reward (keyed by prompt, then sample)."""
+    if not line.strip():
+        raise ReportError(f"{path}:{lineno}: empty line inside the records")
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        what = "not a JSON record" if line.endswith("\n") else "a record cut short (the file ends inside it)"
+        raise ReportError(f"{path}:{lineno}: {what}; {hint}") from None
+    if not isinstance(rec, dict):
+        raise ReportError(f"{path}:{lineno}: not a JSON object")
+    missing = [k for k in ("prompt_id", "sample", "reward", "tokens") if k not in rec]
+    if missing:
+        raise ReportError(f"{path}:{lineno}: record has no {', '.join(repr(k) for k in missing)}")
+    pid, sample, reward, tok = str(rec["prompt_id"]), rec["sample"], rec["reward"], rec["tokens"]
+    if isinstance(sample, bool) or not isinstance(sample, int) or not 0 <= sample < M:
+        raise ReportError(f"{path}:{lineno}: sample must be an integer in 0..{M - 1}, got {sample!r}")
+    if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+        raise ReportError(f"{path}:{lineno}: tokens must be a non-negative integer, got {tok!r}")
+    if not _number(reward):
+        raise ReportError(f"{path}:{lineno}: reward must be a finite number, got {reward!r}")
+    if pid not in tokens:
+        raise ReportError(f"{path}:{lineno}: prompt {pid!r} is not in the evaluation's bon.json")
+    if sample in tokens[pid]:
+        raise ReportError(f"{path}:{lineno}: prompt {pid!r} sample {sample} appears twice")
+    tokens[pid][sample] = tok
+    rewards[pid][sample] = float(reward)
+
+
+def read_judge(run: Path) -> list[JudgeRow]:
+    """judge/<other-run>-bo<N>.jsonl → one row per file: self wins, other wins, invalid verdicts."""
+    directory = run / "judge"
+    rows = []
+    if not directory.is_dir():
+        return rows
+    for p in sorted(directory.iterdir()):
+        m = _JUDGE_FILE.match(p.name)
+        if not (m and p.is_file()):
+            continue
+        win = loss = invalid = 0
+        lines = p.read_text().splitlines()
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                winner = json.loads(line)["winner"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if lineno == len(lines):
+                    continue  # a torn last line of an interrupted judge run
+                raise ReportError(f"{p}:{lineno}: not a judge record with a 'winner'") from None
+            win += winner == "self"
+            loss += winner == "other"
+            invalid += winner not in ("self", "other")
+        rows.append(JudgeRow(m["other"], int(m["N"]), win, loss, invalid))
+    return sorted(rows, key=lambda r: (r.other, r.N))
+
+
+def load_run(run: Path, name: str, checkpoint: str, split: str, M: int) -> RunEval:
+    """Everything the report reads from one run directory, checked."""
+    directory = eval_dir(run, checkpoint)
+    step, Ns, per_prompt = read_bon(directory / f"{split}-M{M}.bon.json", split, M)
+    tokens = rewards = None
+    records = directory / f"{split}-M{M}.jsonl"
+    if records.is_file():
+        tokens, rewards = read_records(records, M, list(per_prompt))
+    info = read_recipe(run / "recipe.yaml")
+    return RunEval(
+        name=name, path=run, split=split, M=M, checkpoint=step, N=Ns, per_prompt=per_prompt, tokens=tokens,
+        rewards=rewards, group_size=info.group_size, advantage=info.advantage, params=info.params, judge=read_judge(run),
+    )

@@ -1,0 +1,171 @@
+"""The run directory: the contract between `train`, `eval-bon`, `judge`, `report` and `study`.
+
+Every stage reads and writes run directories through this module, which sits below all of them
+and imports only the standard library (docs/architecture.md):
+
+    runs/<name>/recipe.yaml            the fully resolved recipe (what actually ran)
+    runs/<name>/metrics.jsonl          one line per training step
+    runs/<name>/validation.jsonl       one line per validated checkpoint (step 0 = the untrained policy)
+    runs/<name>/selected.json          {"step", "path", "score", "rule"}: the validation-selected checkpoint
+    runs/<name>/trackers.json          the experiment trackers' run ids (W&B, MLflow), so a resume continues them
+    runs/<name>/ranks.jsonl            with logging.per_rank: one line per rank and step, before averaging
+    runs/<name>/checkpoints/step_000025/   HF model + tokenizer + recipe.yaml + trainer/ (resume state)
+    runs/<name>/eval/[base/|step_XXXXXX/]<split>-M<M>.{jsonl,bon.json,run.json}, <split>.prompts.jsonl
+    runs/<name>/judge/<other-run>-bo<N>.jsonl
+
+A checkpoint is written into `checkpoints/.tmp_step_XXXXXX/` and renamed into place once
+complete, so a directory named `step_*` is always whole. On resume, metrics and validation lines
+past the checkpoint's step are dropped, so a run killed mid-step never duplicates a line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+CKPT_PREFIX = "step_"
+
+
+def step_dir_name(step: int) -> str:
+    return f"{CKPT_PREFIX}{step:06d}"
+
+
+def parse_checkpoint_spec(spec: str) -> int | str:
+    """'selected' | 'base' | 'step_N' | 'N' → 'selected', 'base' or the step number.
+
+    Raises ValueError naming the spec for anything else.
+    """
+    if spec in ("selected", "base"):
+        return spec
+    text = spec[len(CKPT_PREFIX):] if spec.startswith(CKPT_PREFIX) else spec
+    if not text.isdigit():
+        raise ValueError(f"--checkpoint {spec!r}: expected selected, base or step_N (e.g. step_25)")
+    return int(text)
+
+
+def eval_dir(run: Path, checkpoint: int | str) -> Path:
+    """Where a checkpoint's evaluation files live: eval/ (the validation-selected checkpoint),
+    eval/base/ (the untrained policy) or eval/step_XXXXXX/ (an explicitly chosen step)."""
+    which = parse_checkpoint_spec(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    if which == "selected":
+        return Path(run) / "eval"
+    if which == "base":
+        return Path(run) / "eval" / "base"
+    return Path(run) / "eval" / step_dir_name(int(which))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics = self.path / "metrics.jsonl"
+        self.validation = self.path / "validation.jsonl"
+        self.selected = self.path / "selected.json"
+        self.recipe = self.path / "recipe.yaml"
+        self.trackers = self.path / "trackers.json"
+        self.ranks = self.path / "ranks.jsonl"
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def complete_checkpoints(self) -> list[tuple[int, Path]]:
+        if not self.checkpoints.is_dir():
+            return []
+        found = []
+        for d in self.checkpoints.iterdir():
+            if d.is_dir() and d.name.startswith(CKPT_PREFIX) and (d / "trainer_state.json").exists():
+                found.append((int(d.name[len(CKPT_PREFIX):]), d))
+        return sorted(found)
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        found = self.complete_checkpoints()
+        return found[-1] if found else None
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / step_dir_name(step)
+
+    def tmp_checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f".tmp_{step_dir_name(step)}"
+
+    def commit_checkpoint(self, step: int) -> Path:
+        tmp, final = self.tmp_checkpoint(step), self.checkpoint(step)
+        if final.exists():  # a re-run of the same step after resume: replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def clean_partial(self) -> None:
+        if self.checkpoints.is_dir():
+            for d in self.checkpoints.glob(".tmp_*"):
+                shutil.rmtree(d, ignore_errors=True)
+
+    def prune(self, keep_last: int | None) -> None:
+        if keep_last is None:
+            return
+        keep_step = self.read_selected().get("step") if self.selected.exists() else None
+        found = self.complete_checkpoints()
+        for step, path in found[:-keep_last]:
+            if step != keep_step:
+                shutil.rmtree(path, ignore_errors=True)
+
+    # -- jsonl logs -------------------------------------------------------------------------
+    def append(self, path: Path, record: dict[str, Any]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(record, sort_keys=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def truncate_after(self, path: Path, step: int) -> int:
+        """Drop lines whose step is > `step` (and any torn last line); returns lines kept."""
+        if not path.exists():
+            return 0
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill
+            if int(rec.get("step", 0)) <= step:
+                kept.append(line)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept))
+        os.replace(tmp, path)
+        return len(kept)
+
+    def read_jsonl(self, path: Path) -> list[dict[str, Any]]:
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    # -- selection --------------------------------------------------------------------------
+    def read_selected(self) -> dict[str, Any]:
+        return json.loads(self.selected.read_text()) if self.selected.exists() else {}
+
+    def update_selection(self) -> dict[str, Any] | None:
+        """selected.json ← the validated checkpoint with the highest score (earliest on ties)."""
+        rows = [r for r in self.read_jsonl(self.validation) if self.checkpoint(r["step"]).exists()]
+        if not rows:
+            return None
+        best = max(rows, key=lambda r: (r["score"], -r["step"]))
+        sel = {
+            "step": best["step"],
+            "path": f"checkpoints/{step_dir_name(best['step'])}",
+            "score": best["score"],
+            "rule": best.get("rule", ""),
+        }
+        write_text_atomic(self.selected, json.dumps(sel, indent=2) + "\n")
+        return sel

@@ -1,0 +1,176 @@
+"""`tea report` on bad or damaged inputs: one line on stderr naming the file (and line), exit 2, and the
+output directory either the whole new report or untouched; a reused --out keeps no file of an earlier report.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.modules.setdefault("vllm", None)
+sys.modules.setdefault("deepspeed", None)
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from teacli.cli import app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_report_compare import M, SPLIT, write_run  # noqa: E402
+
+
+def error_line(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
+    return lines[0]
+
+
+@pytest.fixture()
+def two(tmp_path):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(6, 3))
+    root = tmp_path / "runs"
+    return write_run(root, "grpo", a, rule="grpo"), write_run(root, "tea", a + 0.5, rule="tea")
+
+
+def report(*args):
+    return CliRunner().invoke(app, ["report", *map(str, args), "--bootstrap", "50"])
+
+
+def records(run: Path) -> Path:
+    return run / "eval" / f"{SPLIT}-M{M}.jsonl"
+
+
+def bon(run: Path) -> Path:
+    return run / "eval" / f"{SPLIT}-M{M}.bon.json"
+
+
+def test_flow_style_recipe_fills_the_budget_column(two, tmp_path):
+    # recipe.yaml as `tea train` writes it: `rollout: {engine: hf, ..., group_size: 64, ...}`.
+    assert "rollout: {" in (two[0] / "recipe.yaml").read_text()
+    res = report(*two, "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    assert "| grpo | m=64 |" in (tmp_path / "r" / "frontier.md").read_text()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("group_size: 64, ", ""), "rollout.group_size is missing"),
+    (lambda t: "", "is empty"),
+    (lambda t: t.replace("group_size: 64", "group_size: lots"), "rollout.group_size must be a positive integer, got 'lots'"),
+    (lambda t: t.replace("advantage:", "advantage: {name: [tea]}\nx:"), "advantage.name must be a rule name"),
+    (lambda t: t + "\n  : : [\n", "not valid YAML"),
+])
+def test_recipe_yaml_problems_name_the_file_and_key(two, tmp_path, edit, message):
+    path = two[1] / "recipe.yaml"
+    path.write_text(edit(path.read_text()))
+    line = error_line(report(*two, "--out", tmp_path / "r"))
+    assert str(path) in line and message in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_recipe_yaml_is_an_error(two, tmp_path):
+    (two[1] / "recipe.yaml").unlink()
+    line = error_line(report(*two, "--out", tmp_path / "r"))
+    assert f"{two[1] / 'recipe.yaml'}: not found" in line
+
+
+def test_corrupt_line_in_the_middle_of_the_records_names_file_and_line(two, tmp_path):
+    lines = records(two[1]).read_text().splitlines(keepends=True)
+    lines[7] = '{"prompt_id": "p1", "sample": 3, "resp\n'
+    records(two[1]).write_text("".join(lines))
+    line = error_line(report(*two, "--out", tmp_path / "r"))
+    assert f"{records(two[1])}:8: not a JSON record" in line
+
+
+def test_records_cut_short_are_counted_not_skipped(two, tmp_path):
+    lines = records(two[1]).read_text().splitlines(keepends=True)
+    records(two[1]).write_text("".join(lines[:-2]))  # two whole records lost: 22 of 24
+    line = error_line(report(*two, "--out", tmp_path / "r"))
+    assert f"{records(two[1])}: holds 22 of the 24 records its bon.json implies (6 prompts × M=4)" in line
+    assert "prompt 'p5' has 2 of 4 samples" in line and "rerun `tea eval-bon`" in line
+    records(two[1]).write_text("".join(lines[:-1]) + lines[-1][:20])  # the last record torn mid-line
+    line = error_line(report(*two, "--out", tmp_path / "r"))
+    assert f"{records(two[1])}:24: a record cut short" in line
+
+
+def test_duplicate_record_and_missing_tokens(two, tmp_path):
+    lines = records(two[1]).read_text().splitlines(keepends=True)
+    records(two[1]).write_text("".join(lines[:5] + [lines[4]] + lines[6:]))
+    assert f"{records(two[1])}:6: prompt 'p1' sample 0 appears twice" in error_line(report(*two, "--out", tmp_path / "r"))
+    rec = json.loads(lines[4])
+    del rec["tokens"]
+    records(two[1]).write_text("".join(lines[:4] + [json.dumps(rec) + "\n"] + lines[5:]))
+    assert f"{records(two[1])}:5: record has no 'tokens'" in error_line(report(*two, "--out", tmp_path / "r"))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda b: [b], "expected a JSON object written by `tea eval-bon`, got list"),
+    (lambda b: {**b, "per_prompt": {**b["per_prompt"], "p2": [1.0, "abc", 2.0]}}, "per_prompt['p2'] holds 'abc'"),
+    (lambda b: {**b, "per_prompt": {**b["per_prompt"], "p2": [1.0, float("nan"), 2.0]}}, "per_prompt['p2'] holds nan"),
+    (lambda b: {**b, "per_prompt": {**b["per_prompt"], "p2": [1.0, 2.0]}}, "per_prompt['p2'] has 2 values for 3 N"),
+    (lambda b: {**b, "per_prompt": ["p1"]}, "per_prompt must be a non-empty mapping"),
+    (lambda b: {**b, "N": "1,2,4"}, "N must be a non-empty list of integers"),
+])
+def test_bad_bon_json_names_the_file(two, tmp_path, edit, message):
+    bon(two[1]).write_text(json.dumps(edit(json.loads(bon(two[1]).read_text()))))
+    line = error_line(report(*two, "--out", tmp_path / "r"))
+    assert str(bon(two[1])) in line and message in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_nan_in_bon_json_leaves_the_earlier_report_whole(two, tmp_path):
+    out = tmp_path / "r"
+    assert report(*two, "--out", out).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    b = json.loads(bon(two[1]).read_text())
+    b["per_prompt"]["p3"][2] = float("nan")
+    bon(two[1]).write_text(json.dumps(b))  # Python's json writes NaN, as a crashed writer might
+    error_line(report(*two, "--out", out))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_failure_while_writing_leaves_the_earlier_report_whole(two, tmp_path, monkeypatch):
+    from teacli.report import plots
+    from teacli.report.build import build_report
+
+    out = tmp_path / "r"
+    build_report(list(two), out, resamples=50)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(plots, "plot_delta", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        build_report(list(two), out, baseline="tea", resamples=50)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r", "runs"]  # no staging directory left behind
+
+
+def test_reused_out_keeps_no_stale_file(two, tmp_path):
+    third = write_run(tmp_path / "runs", "other", np.zeros((6, 3)), rule="grpo_z")
+    out = tmp_path / "r"
+    assert report(*two, third, "--out", out).exit_code == 0
+    assert (out / "deltas_other.md").exists()
+    assert report(*two, "--out", out).exit_code == 0
+    assert not (out / "deltas_other.md").exists() and (out / "deltas_tea.md").exists()
+    assert "deltas_other.md" not in (out / ".tea-report").read_text()
+
+
+def test_out_that_is_a_file_or_a_foreign_directory_is_refused(two, tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    assert f"--out {target}: is a file" in error_line(report(*two, "--out", target))
+    foreign = tmp_path / "docs"
+    foreign.mkdir()
+    (foreign / "keep.md").write_text("mine")
+    assert "holds files that `tea report` did not write" in error_line(report(*two, "--out", foreign))
+    assert (foreign / "keep.md").read_text() == "mine" and target.read_text() == "mine"
+    out = tmp_path / "r"
+    assert report(*two, "--out", out).exit_code == 0
+    (out / "my_notes.md").write_text("mine")  # a user's file inside an earlier report
+    assert "holds my_notes.md, which the earlier report there did not write" in error_line(report(*two, "--out", out))
+    assert (out / "my_notes.md").read_text() == "mine"

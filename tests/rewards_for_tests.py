@@ -1,0 +1,47 @@
+"""Continuous, deterministic rewards (and a user advantage rule) for the tests that train or evaluate a
+tiny model: the rule reward is nearly flat on a random model. `tea_env` puts tests/ on PYTHONPATH, so
+recipes name them as `rewards_for_tests:length_reward`."""
+
+import os
+import time
+
+
+def length_reward(prompts, responses):
+    # Longer responses and more 'the' tokens score higher: a signal a tiny model can learn quickly.
+    return [len(r.split()) / 8.0 + 0.5 * r.split().count("the") / 8.0 + 0.001 * (len(r) % 7) for r in responses]
+
+
+def slow_length_reward(prompts, responses):
+    time.sleep(0.4)  # gives a test time to kill the run mid-step
+    return length_reward(prompts, responses)
+
+
+def rank_rule(rewards, *, scale=1.0):
+    """A user advantage rule by dotted path: centred within-group ranks."""
+    ranks = rewards.argsort(-1).argsort(-1).to(rewards.dtype)
+    return scale * (ranks - ranks.mean(-1, keepdim=True))
+
+
+def nan_reward(prompts, responses):
+    return [float("nan") if i == 3 else 0.5 for i in range(len(responses))]
+
+
+_CALLS = {"n": 0}
+
+
+def flaky_length_reward(prompts, responses):
+    """length_reward that raises on the first $TEA_TEST_FLAKY_CALLS calls of the process (a served reward
+    that fails, then recovers: `tea serve-rm` answers 500 and the client retries)."""
+    _CALLS["n"] += 1
+    if _CALLS["n"] <= int(os.environ.get("TEA_TEST_FLAKY_CALLS", "2")):
+        raise RuntimeError(f"flaky reward: call {_CALLS['n']} fails on purpose")
+    return length_reward(prompts, responses)
+
+
+def interrupted_length_reward(prompts, responses):
+    """length_reward whose call number $TEA_TEST_FAIL_AT (if set) raises ValueError: a run stopped by an
+    error mid-way, resumed by running it again without the variable (the recipe stays the same)."""
+    _CALLS["n"] += 1
+    if str(_CALLS["n"]) == os.environ.get("TEA_TEST_FAIL_AT"):
+        raise ValueError(f"interrupted on purpose at reward call {_CALLS['n']}")
+    return length_reward(prompts, responses)

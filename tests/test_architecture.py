@@ -1,0 +1,135 @@
+"""The import rule (docs/architecture.md): each folder imports only downward, nothing imports in a
+circle, and deepspeed and vllm each have exactly one importer.
+
+The graph is read from the source with `ast` (module-level and function-level imports alike; imports
+under `if TYPE_CHECKING:` are annotations only and are skipped), so a lazy import cannot hide an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "teacli"
+
+# unit → the units it may import. A unit is a folder of teacli/ or a top-level module.
+ALLOWED: dict[str, set[str]] = {
+    "types": set(),
+    "rundir": set(),
+    "logprobs": set(),
+    "advantages": set(),
+    "data": {"types"},
+    "config": {"advantages"},  # validating advantage.name runs the rule once
+    "models": {"config"},
+    "lora": {"config"},
+    "rewards": {"config", "types", "models"},
+    "rollout": {"config", "types", "models", "logprobs", "lora"},
+    "train": {"config", "types", "models", "logprobs", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics"},
+    "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir"},
+    "report": {"eval", "rundir", "diagnostics"},
+    "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval"},
+    "study": {"config", "rundir"},
+}
+# Modules of a unit that others may reach into although the unit as a whole sits higher.
+PURE = {"teacli.eval.stats": {"report", "diagnostics"}, "teacli.rewards.rule": {"config"}}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "teacli"
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return out
+
+
+def _graph() -> dict[Path, list[str]]:
+    return {p: _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_every_unit_imports_only_what_sits_below_it():
+    bad = []
+    for path, imported in _graph().items():
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        unit = _unit(".".join(rel.parts))
+        if unit in ("cli", "__init__", "teacli"):
+            continue  # the CLI sits on top of everything
+        allowed = ALLOWED[unit] | {unit}
+        for name in imported:
+            if not name.startswith("teacli."):
+                continue
+            target = _unit(name)
+            if target in allowed or any(name.startswith(m) and unit in users for m, users in PURE.items()):
+                continue
+            bad.append(f"{rel}: imports {name} ({unit} → {target})")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_the_allowed_graph_has_no_cycle():
+    seen, stack = set(), set()
+
+    def visit(u: str) -> None:
+        assert u not in stack, f"import cycle through {u}"
+        if u in seen:
+            return
+        stack.add(u)
+        for v in ALLOWED.get(u, ()):
+            visit(v)
+        stack.discard(u)
+        seen.add(u)
+
+    for unit in ALLOWED:
+        visit(unit)
+
+
+@pytest.mark.parametrize("library,home", [("deepspeed", "teacli/train/backend.py"), ("vllm", "teacli/rollout/vllm_engine.py")])
+def test_one_importer_per_heavy_engine(library, home):
+    importers = sorted(
+        str(p.relative_to(PACKAGE.parent)) for p, names in _graph().items() if any(n.split(".")[0] == library for n in names)
+    )
+    assert importers == [home]
+
+
+def test_report_never_imports_train_or_rollout():
+    for path, imported in _graph().items():
+        if "report" in path.relative_to(PACKAGE).parts[:1]:
+            assert not [n for n in imported if n.startswith(("teacli.train", "teacli.rollout", "torch"))], path
+
+
+def test_no_module_imports_in_a_circle():
+    """Module level, lazy imports included: e.g. an engine factory in the protocol module that the
+    engines themselves import would be a circle."""
+    graph = _graph()
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p for p in graph}
+    edges = {
+        name: {n for n in graph[path] if n in modules and n != name and not name.startswith(n + ".")}
+        for name, path in modules.items()
+    }
+    done: set[str] = set()
+
+    def visit(node: str, trail: tuple[str, ...]) -> None:
+        if node in trail:
+            raise AssertionError("import circle: " + " → ".join(trail[trail.index(node):] + (node,)))
+        if node in done:
+            return
+        for nxt in edges[node]:
+            visit(nxt, trail + (node,))
+        done.add(node)
+
+    for name in modules:
+        visit(name, ())

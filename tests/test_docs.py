@@ -1,0 +1,34 @@
+"""The docs describe the repository as it is: README's file list names every module, folder and doc,
+and no document points at a Markdown file that is not in the repository."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _files_block() -> str:
+    readme = (REPO / "README.md").read_text()
+    return readme.split("## Files", 1)[1]
+
+
+def test_readme_file_list_names_every_module_folder_and_doc():
+    block = _files_block()
+    pkg = REPO / "teacli"
+    expected = [p.name for p in pkg.glob("*.py") if p.name != "__init__.py"]
+    expected += [f"{p.name}/" for p in pkg.iterdir() if p.is_dir() and any(p.glob("*.py"))]
+    expected += [p.name for p in (REPO / "docs").glob("*.md")]
+    expected += ["recipes/", "scripts/", "benchmarks/", "tests/", "docs/", ".ci/run", "setup.py", "pyproject.toml"]
+    missing = [name for name in expected if name not in block]
+    assert missing == []
+
+
+def test_no_document_points_at_a_missing_markdown_file():
+    docs = [REPO / "README.md", REPO / "CHANGELOG.md", *(REPO / "docs").glob("*.md")]
+    missing = []
+    for doc in docs:
+        # Paths into docs/ and top-level docs (README.md, DESIGN.md); not the report.md files the tool writes.
+        for name in set(re.findall(r"\bdocs/[\w.-]+\.md\b|\b[A-Z][A-Z_]+\.md\b", doc.read_text())):
+            if not any((base / name).exists() for base in (REPO, REPO / "docs", doc.parent)):
+                missing.append(f"{doc.relative_to(REPO)}: {name}")
+    assert missing == []
