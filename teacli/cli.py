@@ -233,14 +233,14 @@ def study(
     Run it again after an interruption: finished stages are skipped, an unfinished training run
     resumes from its last checkpoint and an unfinished evaluation from its records.
     """
-    from teacli.study import StudyError, find_study, load_study, run_study
+    from teacli.config import RecipeError, find_study
+    from teacli.study import StudyError, load_study, run_study
 
     try:
         ran = run_study(load_study(find_study(study_file), launcher=launcher), dry_run=dry_run, echo=typer.echo)
-    except StudyError as exc:
+    except (StudyError, RecipeError) as exc:
         _fail(str(exc))
-    if not dry_run:
-        typer.echo(f"study done ({ran} stage(s) run)")
+    typer.echo(f"dry run: {ran} stage(s) would run; nothing was run" if dry_run else f"study done ({ran} stage(s) run)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -494,6 +494,10 @@ def eval_bon(
     ),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Where the split files live, when not at the run's data.dir."),
     set_: list[str] = typer.Option([], "--set", help="Override a key of the run's recipe, e.g. --set rollout.engine=vllm (repeatable)."),
+    recipe: Optional[str] = typer.Option(
+        None, "--recipe", help="With --checkpoint base: make RUN_DIR a run-like directory of this recipe (writes its "
+        "recipe.yaml) to evaluate its untrained policy without training, e.g. a study's base arm.",
+    ),
 ) -> None:
     """Sample M completions per held-out prompt, score them, write records and grouped best-of-N.
 
@@ -505,7 +509,7 @@ def eval_bon(
     from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.text import Text
 
-    from teacli.eval.bon import EvalError, default_run_dir, evaluate
+    from teacli.eval.bon import EvalError, default_run_dir, evaluate, init_base_arm
 
     class Speed(ProgressColumn):
         def render(self, task) -> Text:
@@ -517,6 +521,13 @@ def eval_bon(
     except EvalError as exc:
         _fail(str(exc))
         return
+    if recipe is not None:
+        if checkpoint != "base" or not run_dirs or len(runs) != 1:
+            _fail("--recipe: give exactly one RUN_DIR and --checkpoint base (it evaluates the recipe's untrained policy)")
+        try:
+            init_base_arm(runs[0], recipe)
+        except EvalError as exc:
+            _fail(str(exc))
     if not run_dirs:
         why = "the current directory" if runs[0] == Path.cwd() else "the most recently active run under runs/"
         typer.echo(f"no RUN_DIR given: evaluating {runs[0]} ({why})")
@@ -556,6 +567,10 @@ def report(
     checkpoint: str = typer.Option("selected", "--checkpoint", help="Which evaluation: selected (eval/), base (eval/base/) or step_N (eval/step_XXXXXX/)."),
     endpoints: Optional[str] = typer.Option(None, "--endpoints", help="High-N columns, e.g. 64,128,256 (default: the three largest N)."),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    base_arm: Optional[Path] = typer.Option(
+        None, "--base-arm", help="A run directory whose untrained policy's evaluation (eval/base/, `tea eval-bon --checkpoint "
+        "base`) is reported as an arm every run is compared with (run − base at every N).",
+    ),
 ) -> None:
     """Compare runs' best-of-N evaluations: bootstrap deltas to a baseline, win/tie/loss, lengths, judge W–L.
 
@@ -583,12 +598,12 @@ def report(
         if not run_dirs:
             typer.echo(f"no RUN_DIR given: reporting {', '.join(str(r) for r in runs)}")
         result = build_report(runs, out, baseline=baseline, pairs=pairs, resamples=bootstrap, seed=seed, split=split, M=n,
-                              checkpoint=checkpoint, endpoints=ends)
+                              checkpoint=checkpoint, endpoints=ends, base_arm=base_arm)
     except ReportError as exc:
         _fail(str(exc))
         return
     for table in result.tables:
-        if table.name in ("frontier", "endpoints", "win_tie_loss", "best_tta", "judge"):
+        if table.name in ("frontier", "endpoints", "win_tie_loss", "best_tta", "vs_base", "seeds", "judge"):
             typer.echo(markdown(table))
     typer.echo(f"wrote {len(result.files)} files to {result.out} (report.md, report.tex, summary.json, tables, plots)")
 

@@ -11,9 +11,15 @@ A study file (recipes/studies/*.yaml; the reference is docs/recipes.md, "Study f
     report: {out: report/uf_m_to_n, bootstrap: 1000, seed: 0, endpoints: [128, 256, 512]}
     runs_dir: runs                       # run directories: <runs_dir>/<recipe name>
     launcher: null                       # e.g. "deepspeed --num_gpus 8 --module"; `tea study --launcher` wins
+    seeds: [0, 1, 2]                     # optional: train every recipe once per seed (runs <name>-s<seed>)
+    base: true                           # optional: evaluate the untrained policy as an arm (true = the baseline's recipe)
 
 Runs are named by their recipe's `name` (for shipped recipes, the file name); `baseline` and `pairs`
-name runs of the study. Several studies share run directories: a run trained for one study is
+name recipes (methods) of the study. With `seeds`, recipe NAME is trained once per seed into
+`<runs_dir>/NAME-s<seed>` (`tea train ... --set seed=<seed>`), every seed evaluated with the same
+settings, and the report pools a method's seeds (teacli/report/pool.py). With `base`, the recipe's
+untrained policy is evaluated once into `<runs_dir>/NAME-base/eval/base/` (`tea eval-bon --recipe`)
+and reported as the arm every method is also compared with. Several studies share run directories: a run trained for one study is
 skipped by the next (uf_core500 and uf_step450 evaluate the uf_core250 runs on core500).
 
 Each stage runs the real `tea` command in its own process (so every training run gets a fresh
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from teacli import rundir
-from teacli.config import RECIPES_DIR, RecipeError, find_recipe, load_recipe
+from teacli.config import RECIPES_DIR, RecipeError, find_recipe, load_recipe, read_yaml
 
 
 class StudyError(ValueError):
@@ -57,31 +63,28 @@ class Study:
     endpoints: list[int] | None = None
     runs_dir: Path = Path("runs")
     launcher: list[str] = field(default_factory=list)
+    seeds: list[int] | None = None  # None: one run per recipe, named by the recipe
+    base: str | None = None  # the recipe (run name) whose untrained policy is the base arm
+
+    def run_dirs(self, name: str) -> list[tuple[Path, int | None]]:
+        """(run directory, seed) of every training run of recipe `name`."""
+        if self.seeds is None:
+            return [(self.runs_dir / name, None)]
+        return [(self.runs_dir / f"{name}-s{seed}", seed) for seed in self.seeds]
+
+    def base_dir(self) -> Path | None:
+        """The base arm's run-like directory (recipe.yaml + eval/base/), or None without `base`."""
+        return None if self.base is None else self.runs_dir / f"{self.base}-base"
 
 
-KEYS = {"name", "recipes", "baseline", "pairs", "eval", "report", "runs_dir", "launcher"}
+KEYS = {"name", "recipes", "baseline", "pairs", "eval", "report", "runs_dir", "launcher", "seeds", "base"}
 EVAL_KEYS = {"split", "n", "checkpoint"}
 REPORT_KEYS = {"out", "bootstrap", "seed", "endpoints"}
 
 
-def studies_dir() -> Path:
-    return RECIPES_DIR / "studies"
-
-
 def shipped_studies() -> list[Path]:
-    return sorted(studies_dir().glob("*.yaml"))
-
-
-def find_study(name_or_path: str) -> Path:
-    """A study path from a path or a bare name (`uf_core250` → recipes/studies/uf_core250.yaml), like `tea train`."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for candidate in shipped_studies():
-        if name_or_path in (candidate.stem, candidate.name):
-            return candidate
-    names = ", ".join(p.stem for p in shipped_studies())
-    raise StudyError(f"no study file or name {name_or_path!r} (shipped studies: {names})")
+    """The studies packaged with tea (names resolve with teacli.config.find_study: ./recipes first)."""
+    return sorted((RECIPES_DIR / "studies").glob("*.yaml"))
 
 
 def _positive_int(value: Any, where: str, minimum: int = 1) -> int:
@@ -108,17 +111,11 @@ def _section(data: dict, key: str, allowed: set[str], path: Path) -> dict:
 
 def load_study(path: str | Path, launcher: str | None = None) -> Study:
     """Read and check a study file; `launcher` (the command line's) replaces the file's `launcher:`."""
-    import yaml
-
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise StudyError(f"study file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StudyError(f"{path}: cannot read ({exc})") from None
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+        data = read_yaml(path)  # the recipe loader: duplicate keys are errors, 1e-5 is a number
+    except RecipeError as exc:
+        raise StudyError(str(exc).replace("recipe file not found", "study file not found")) from None
     if not isinstance(data, dict):
         raise StudyError(f"{path}: a study must be a YAML mapping with at least 'recipes'")
     unknown = sorted(set(data) - KEYS)
@@ -177,6 +174,24 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
         launch = list(raw_launcher)
     else:
         raise StudyError(f"{path}: launcher must be a command line such as \"deepspeed --num_gpus 8 --module\", got {raw_launcher!r}")
+    seeds = None
+    if "seeds" in data:
+        raw = data["seeds"]
+        if not isinstance(raw, list) or not raw:
+            raise StudyError(f"{path}: seeds must be a non-empty list of training seeds, e.g. [0, 1, 2], got {raw!r}")
+        seeds = [_positive_int(x, f"{path}: seeds", minimum=0) for x in raw]
+        if len(set(seeds)) != len(seeds):
+            raise StudyError(f"{path}: seeds: {seeds} repeats a seed; each seed is one training run")
+    base = None
+    raw_base = data.get("base", False)
+    if raw_base is True:
+        base = baseline
+    elif isinstance(raw_base, str):
+        base = run_of(raw_base, "base")
+    elif raw_base not in (False, None):
+        raise StudyError(f"{path}: base must be true (the baseline's recipe), false or a recipe of the study, got {raw_base!r}")
+    if base is not None and checkpoint == "base":
+        raise StudyError(f"{path}: base: with eval.checkpoint base would evaluate the untrained policy twice; drop one")
     name = _text(data.get("name", path.stem), f"{path}: name")
     return Study(
         name=name,
@@ -193,6 +208,8 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
         endpoints=endpoints,
         runs_dir=Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir")),
         launcher=launch,
+        seeds=seeds,
+        base=base,
     )
 
 
@@ -202,23 +219,41 @@ def training_done(run_dir: Path, steps: int) -> bool:
 
 
 def plan(study: Study) -> list[tuple[str, list[str], bool]]:
-    """(label, command, already done) for every stage, in order."""
+    """(label, command, already done) for every stage, in order: per recipe (and seed) train then eval-bon,
+    the base arm's eval-bon, the report."""
     tea = [sys.executable, "-m", "teacli.cli"]
     stages = []
+    run_dirs: list[Path] = []
     for recipe_path, name in zip(study.recipes, study.runs):
         recipe = load_recipe(recipe_path)
-        run = study.runs_dir / name
-        train_cmd = (study.launcher + ["teacli.cli"] if study.launcher else tea) + ["train", str(recipe_path), "--run-dir", str(run)]
-        stages.append((f"train {name}", train_cmd, training_done(run, recipe.optim.steps)))
-        bon = rundir.eval_dir(run, study.checkpoint) / f"{study.split}-M{study.n}.bon.json"
-        eval_cmd = tea + ["eval-bon", str(run), "--n", str(study.n), "--split", study.split]
-        if study.checkpoint != "selected":
-            eval_cmd += ["--checkpoint", study.checkpoint]
-        stages.append((f"eval-bon {name}", eval_cmd, bon.exists()))
-    runs = [str(study.runs_dir / name) for name in study.runs]
-    report_cmd = tea + ["report", *runs, "--baseline", str(study.runs_dir / study.baseline)]
+        for run, seed in study.run_dirs(name):
+            label = run.name
+            train_cmd = (study.launcher + ["teacli.cli"] if study.launcher else tea) + ["train", str(recipe_path), "--run-dir", str(run)]
+            if seed is not None:
+                train_cmd += ["--set", f"seed={seed}"]
+            stages.append((f"train {label}", train_cmd, training_done(run, recipe.optim.steps)))
+            bon = rundir.eval_dir(run, study.checkpoint) / f"{study.split}-M{study.n}.bon.json"
+            eval_cmd = tea + ["eval-bon", str(run), "--n", str(study.n), "--split", study.split]
+            if study.checkpoint != "selected":
+                eval_cmd += ["--checkpoint", study.checkpoint]
+            stages.append((f"eval-bon {label}", eval_cmd, bon.exists()))
+            run_dirs.append(run)
+    base_dir = study.base_dir()
+    if base_dir is not None:
+        base_recipe = study.recipes[study.runs.index(study.base)]
+        bon = rundir.eval_dir(base_dir, "base") / f"{study.split}-M{study.n}.bon.json"
+        stages.append((f"eval-bon {base_dir.name} (untrained {study.base})",
+                       tea + ["eval-bon", str(base_dir), "--recipe", str(base_recipe), "--checkpoint", "base",
+                              "--n", str(study.n), "--split", study.split], bon.exists()))
+
+    def method(name: str) -> str:  # with seeds the report pools NAME-s<seed> into the method NAME
+        return name if study.seeds is not None else str(study.runs_dir / name)
+
+    report_cmd = tea + ["report", *map(str, run_dirs), "--baseline", method(study.baseline)]
     for run, base in study.pairs.items():
-        report_cmd += ["--pair", f"{study.runs_dir / run}={study.runs_dir / base}"]
+        report_cmd += ["--pair", f"{method(run)}={method(base)}"]
+    if base_dir is not None:
+        report_cmd += ["--base-arm", str(base_dir)]
     report_cmd += ["--bootstrap", str(study.bootstrap), "--seed", str(study.seed), "--out", str(study.report_out),
                    "--split", study.split, "--n", str(study.n), "--checkpoint", study.checkpoint]
     if study.endpoints:
@@ -228,14 +263,16 @@ def plan(study: Study) -> list[tuple[str, list[str], bool]]:
 
 
 def run_study(study: Study, dry_run: bool = False, echo: Callable[[str], Any] = print) -> int:
-    """Run every stage not yet done; returns the number of stages run. Stops at the first failure."""
+    """Run every stage not yet done; returns the number of stages run (with `dry_run`: that would run).
+    Stops at the first failure. Every stage is printed with its command, done or not."""
     ran = 0
     for label, cmd, done in plan(study):
         if done:
-            echo(f"skip  {label} (done)")
+            echo(f"skip  {label} (done): {shlex.join(cmd)}")
             continue
         echo(f"run   {label}: {shlex.join(cmd)}")
         if dry_run:
+            ran += 1
             continue
         proc = subprocess.run(cmd)
         if proc.returncode != 0:

@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from teacli.cli import app
-from teacli.study import StudyError, find_study, load_study, plan
+from teacli.config import RecipeError, find_study
+from teacli.study import StudyError, load_study, plan
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -25,7 +26,8 @@ def test_shipped_studies_load_and_name_existing_recipes():
         s = load_study(path)
         assert s.baseline in s.runs
         stages = plan(s)
-        assert stages[-1][0] == "report" and len(stages) == 2 * len(s.recipes) + 1
+        runs = len(s.recipes) * len(s.seeds or [None])
+        assert stages[-1][0] == "report" and len(stages) == 2 * runs + (s.base is not None) + 1
 
 
 def test_shipped_studies_hard_code_no_launcher():
@@ -41,12 +43,15 @@ def test_shipped_studies_hard_code_no_launcher():
 
 def test_study_names_resolve_like_recipe_names(tmp_path):
     assert find_study("uf_core250") == REPO / "recipes" / "studies" / "uf_core250.yaml"
-    assert find_study("uf_core250.yaml") == REPO / "recipes" / "studies" / "uf_core250.yaml"
+    with pytest.raises(RecipeError, match="study file not found: uf_core250.yaml; the study name 'uf_core250' finds"):
+        find_study("uf_core250.yaml")  # a path that is not there: pointed at the name, as for recipes
     own = tmp_path / "mine.yaml"
     own.write_text("recipes: [quickstart]\n")
     assert find_study(str(own)) == own
-    with pytest.raises(StudyError, match="no study file or name 'nope' \\(shipped studies: .*uf_core250"):
+    with pytest.raises(RecipeError, match="no study file or name 'nope' \\(studies live in recipes/studies/\\)"):
         find_study("nope")
+    res = CliRunner().invoke(app, ["study", "nope"])
+    assert res.exit_code == 2 and "no study file or name 'nope'" in res.stderr
     res = CliRunner().invoke(app, ["study", "uf_m_to_n", "--dry-run", "--launcher", "torchrun --nproc_per_node 4 -m"])
     assert res.exit_code == 0, res.output
     assert "torchrun --nproc_per_node 4 -m teacli.cli train" in res.output and "--pair runs/uf_llama1b_tea_m16=runs/uf_llama1b_grpo_m16" in res.output
@@ -69,6 +74,13 @@ def test_study_names_resolve_like_recipe_names(tmp_path):
     ("recipes: [quickstart]\npairs: [quickstart]\n", "'pairs' must be a mapping RUN: BASELINE"),
     ("recipes: [quickstart]\nlauncher: {gpus: 8}\n", "launcher must be a command line"),
     ("recipes: [quickstart, quickstart]\n", "two recipes are named 'quickstart'"),
+    ("recipes: [quickstart]\nrecipes: [quickstart]\n", "duplicate key 'recipes'"),
+    ("recipes: [quickstart]\nseeds: 3\n", "seeds must be a non-empty list of training seeds"),
+    ("recipes: [quickstart]\nseeds: [0, -1]\n", "seeds must be an integer >= 0, got -1"),
+    ("recipes: [quickstart]\nseeds: [1, 1]\n", "seeds: [1, 1] repeats a seed"),
+    ("recipes: [quickstart]\nbase: other\n", "base 'other' is not one of the study's runs (quickstart)"),
+    ("recipes: [quickstart]\nbase: 3\n", "base must be true (the baseline's recipe), false or a recipe of the study"),
+    ("recipes: [quickstart]\nbase: true\neval: {checkpoint: base}\n", "would evaluate the untrained policy twice"),
 ])
 def test_bad_study_is_one_line_naming_the_key(tmp_path, text, message):
     bad = tmp_path / "s.yaml"

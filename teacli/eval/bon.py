@@ -244,6 +244,27 @@ class EvalResult:
     seconds: float
 
 
+def init_base_arm(run: Path, recipe: str) -> Path:
+    """Make `run` a run-like directory of `recipe` (name or path) for `--checkpoint base`: its resolved
+    recipe.yaml, as `tea train` writes it, and nothing else. A study's base arm (the untrained policy
+    evaluated as an arm) lives there. An existing recipe.yaml must be the same recipe. Returns the file."""
+    from teacli.config import RecipeError, find_recipe, load_recipe, to_yaml
+    from teacli.rundir import write_text_atomic
+
+    try:
+        resolved = to_yaml(load_recipe(find_recipe(recipe)))
+    except RecipeError as exc:
+        raise EvalError(f"--recipe: {exc}") from None
+    path = Path(run) / "recipe.yaml"
+    if path.exists():
+        if path.read_text() != resolved:
+            raise EvalError(f"{path} holds another recipe than --recipe {recipe}; evaluate into another RUN_DIR")
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, resolved)
+    return path
+
+
 def load_run_recipe(run: Path, overrides: Sequence[str] = ()) -> "Recipe":
     """The run's resolved recipe.yaml, with optional `--set` overrides applied."""
     from teacli.config import RecipeError, read_yaml, recipe_from_dict

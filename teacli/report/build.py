@@ -55,6 +55,7 @@ from teacli.report.read import (  # noqa: F401  (re-exported: the report's readi
     eval_dir,
     load_run,
     read_judge,
+    read_recipe,
     run_names,
 )
 
@@ -65,8 +66,10 @@ MANIFEST = ".tea-report"
 # Tables
 
 
-def _budget(r: RunEval) -> str:
-    """m=64, or m=64,k=32 for BoN mean (the paper's Budget column)."""
+def _budget(r: RunEval, rep: Report | None = None) -> str:
+    """m=64, or m=64,k=32 for BoN mean (the paper's Budget column); "untrained" for the base arm."""
+    if rep is not None and r.name == rep.base_arm:
+        return "untrained"
     k = r.params.get("k") if r.advantage == "bon_mean" else None
     return f"m={r.group_size}" + (f",k={k}" if k is not None else "")
 
@@ -97,7 +100,7 @@ def make_tables(rep: Report) -> list[T.Table]:
     frontier = T.Table("frontier", f"Best-of-N frontier on {where}: mean grouped best-of-N reward; Step = evaluated checkpoint",
                        ["Method", "Budget", "Step", *[f"bo{n}" for n in Ns]])
     for r in rep.runs:
-        frontier.rows.append([r.name, _budget(r), r.checkpoint, *[rep.frontier[r.name][j][0] for j in range(len(Ns))]])
+        frontier.rows.append([r.name, _budget(r, rep), r.checkpoint, *[rep.frontier[r.name][j][0] for j in range(len(Ns))]])
     out.append(frontier)
 
     if compared:
@@ -125,6 +128,10 @@ def make_tables(rep: Report) -> list[T.Table]:
             wtl.midrule_before.add(len(wtl.rows))
         for row in rep.extra:
             wtl.rows.append([row.label, *[T.WTL(*row.wtl[j]) for _, j in ends]])
+        if rep.wtl_base:
+            wtl.midrule_before.add(len(wtl.rows))
+            for name, counts in rep.wtl_base.items():
+                wtl.rows.append([f"{name} vs {rep.base_arm}", *[T.WTL(*counts[j]) for _, j in ends]])
         out.append(wtl)
 
         paired = T.Table("paired", f"Each run against its baseline on {where}: best-of-N means, delta ({ci}); "
@@ -157,6 +164,25 @@ def make_tables(rep: Report) -> list[T.Table]:
                            T.WTL(*rep.wtl[r.name][j])])
         out.append(t)
 
+    if rep.vs_base:
+        names = list(rep.vs_base)
+        t = T.Table("vs_base", f"Each run minus the untrained policy ({rep.base_arm}) on {where}: delta of mean grouped "
+                    f"best-of-N ({ci})", ["N", rep.base_arm, *[f"{n} − base" for n in names]])
+        for j, n in enumerate(Ns):
+            t.rows.append([n, rep.frontier[rep.base_arm][j][0], *[T.Delta(*rep.vs_base[name][j]) for name in names]])
+        out.append(t)
+
+    if rep.seed_rows:
+        pooled = ", ".join(f"{r.name} ({len(r.seeds)} seeds)" for r in rep.pooled())
+        t = T.Table("seeds", f"Every seed of the pooled methods on {where} ({pooled}): mean grouped best-of-N of each seed "
+                    f"run and its delta to its baseline's run of the same seed ({ci})",
+                    ["Method", "Seed", "Run", "Step", *[f"bo{n}" for n in rep.endpoints], "Baseline run",
+                     *[f"Δbo{n} [95% CI]" for n in rep.endpoints]])
+        for row in rep.seed_rows:
+            t.rows.append([row.method, row.seed, row.run, row.checkpoint, *[row.means[j] for _, j in ends], row.against,
+                           *[T.Delta(*row.delta[j]) if row.delta else None for _, j in ends]])
+        out.append(t)
+
     length = T.Table("length", f"Mean completion length (generated tokens) on {where}", ["Method", "Mean length", "Source samples"])
     for r in rep.runs:
         got = rep.lengths[r.name]
@@ -185,7 +211,7 @@ def _safe(name: str) -> str:
 def notes(rep: Report) -> list[str]:
     """How the report was computed and how each row was chosen (the top of report.md)."""
     pairs = [(r, b) for r, b in rep.base_of.items() if b is not None and b != rep.baseline]
-    unpaired = [r for r, b in rep.base_of.items() if b is None and r != rep.baseline]
+    unpaired = [r for r, b in rep.base_of.items() if b is None and r not in (rep.baseline, rep.base_arm)]
     lines = [
         f"Split {rep.split}, M = {rep.M} completions per prompt, {len(rep.prompts)} prompts, the same for every run.",
         f"Baseline: {rep.baseline}" + (f"; pairs (run vs its own baseline): {', '.join(f'{r} vs {b}' for r, b in pairs)}" if pairs else "")
@@ -197,6 +223,13 @@ def notes(rep: Report) -> list[str]:
         "Roles come from each run's recipe.yaml advantage.name: test-time-aware (TTA) = " + ", ".join(TTA_RULES)
         + "; ours = " + ", ".join(OURS_RULES) + f"; GRPO-Z = {GRPO_Z_RULE}.",
     ]
+    for r in rep.pooled():
+        lines.append(f"{r.name}: {len(r.seeds)} seeds pooled ({', '.join(s.name for s in r.seeds)}; recipes equal but for "
+                     "seed): per prompt and N, the mean over seeds of the grouped best-of-N; the bootstrap and W/T/L use "
+                     "those seed-averaged values; mean length pools every completion of every seed; per-seed rows in `seeds`.")
+    if rep.base_arm:
+        lines.append(f"Base arm: {rep.base_arm}, the untrained policy (eval/base/); every run's delta to it at every N "
+                     "is in `vs_base`, its W/T/L in the last rows of `win_tie_loss`.")
     if rep.best_tta:
         lines.append(f"Best TTA: for each N, the TTA run with m={rep.tta_budget} (the baseline's budget; other m are "
                      f"compute-unmatched and not candidates) with the highest mean bo<N>, against {rep.baseline}: "
@@ -236,9 +269,15 @@ def _summary(rep: Report) -> dict[str, Any]:
                 "samples": rep.lengths[r.name][1] if rep.lengths[r.name] else None,
                 "length_delta": rep.length_delta.get(r.name),
                 "judge": [vars(j) for j in r.judge],
+                "delta_vs_base": [list(d) for d in (rep.vs_base or {}).get(r.name, [])] or None,
+                "win_tie_loss_vs_base": [list(w) for w in (rep.wtl_base or {}).get(r.name, [])] or None,
+                "seeds": [{"run": x.run, "seed": x.seed, "checkpoint": x.checkpoint, "mean": x.means, "against": x.against,
+                           "delta": [list(d) for d in x.delta] if x.delta else None}
+                          for x in (rep.seed_rows or []) if x.method == r.name] or None,
             }
             for r in rep.runs
         },
+        "base_arm": rep.base_arm,
         "best_tta": [{"N": p.N, "run": p.run, "mean": p.mean, "delta": list(p.delta), "win_tie_loss": list(p.wtl)}
                      for p in rep.best_tta] or None,
         "extra_win_tie_loss": [{"label": x.label, "run": x.run, "against": x.against, "win_tie_loss": [list(w) for w in x.wtl]}
@@ -329,32 +368,54 @@ def build_report(
     checkpoint: str = "selected",
     endpoints: Sequence[int] | None = None,
     plots: bool = True,
+    base_arm: Path | None = None,
 ) -> ReportResult:
     """Read the runs' evaluation files, compare every run with its baseline, write tables and plots.
 
-    `pairs`: run → its own baseline (names or paths of reported runs); other runs use `baseline`.
+    `pairs`: run → its own baseline (names or paths of reported runs, or method names); other runs use
+    `baseline`. Runs that are seeds of one recipe are pooled into one method (teacli/report/pool.py).
+    `base_arm`: a run directory whose untrained policy's evaluation (eval/base/) is an arm every
+    method is compared with.
     """
+    from teacli.report import pool
+
     runs_paths = [Path(p) for p in run_dirs]
     if not runs_paths:
         raise ReportError("no run directories to report")
-    for p in runs_paths:
+    for p in [*runs_paths, *([Path(base_arm)] if base_arm is not None else [])]:
         if not p.is_dir():
             raise ReportError(f"{p}: not a directory")
+    if base_arm is not None and any(Path(base_arm).resolve() == p.resolve() for p in runs_paths):
+        raise ReportError(f"--base-arm {base_arm}: also given as a RUN_DIR; the base arm is reported from its eval/base/ only")
     if resamples < 1:
         raise ReportError(f"--bootstrap must be >= 1, got {resamples}")
     out = Path(out)
     check_out(out)  # before the work: a bad --out costs nothing
-    names = run_names(runs_paths)
-    base_name = _resolve_run(baseline, runs_paths, names, "--baseline") if baseline is not None else names[0]
+    all_names = run_names([*runs_paths, *([Path(base_arm)] if base_arm is not None else [])])
+    names = all_names[: len(runs_paths)]
+    infos = [read_recipe(p / "recipe.yaml") for p in runs_paths]
+    methods = pool.group_runs(runs_paths, names, infos)
+    alias = pool.aliases(methods, runs_paths, names, infos)
+    method_names = [m.name for m in methods]
+    path_of = [(runs_paths[i], m.name) for m in methods for i in m.members]
+
+    def resolve(spec: str, option: str) -> str:
+        return _resolve_run(spec, alias, path_of, method_names, option)
+
+    base_name = resolve(baseline, "--baseline") if baseline is not None else method_names[0]
     pair_names: dict[str, str] = {}
     for run, base in (pairs or {}).items():
-        r, b = _resolve_run(run, runs_paths, names, "--pair"), _resolve_run(base, runs_paths, names, "--pair")
+        r, b = resolve(run, "--pair"), resolve(base, "--pair")
         if pair_names.get(r, b) != b:
             raise ReportError(f"--pair {run}: given two baselines ({pair_names[r]} and {b})")
         pair_names[r] = b
-    split, M = choose_eval(runs_paths, names, checkpoint, split, M)
-    runs = [load_run(p, n, checkpoint, split, M) for p, n in zip(runs_paths, names)]
-    rep = compare(runs, base_name, resamples, seed, endpoints, pair_names)
+    every = [*runs_paths, *([Path(base_arm)] if base_arm is not None else [])]
+    checkpoints = [checkpoint] * len(runs_paths) + (["base"] if base_arm is not None else [])
+    split, M = choose_eval(every, all_names, checkpoints, split, M)
+    loaded = [load_run(p, n, checkpoint, split, M, info) for p, n, info in zip(runs_paths, names, infos)]
+    runs = [pool.pool(m.name, [loaded[i] for i in m.members]) if m.pooled else loaded[m.members[0]] for m in methods]
+    arm = load_run(Path(base_arm), all_names[-1], "base", split, M) if base_arm is not None else None
+    rep = compare(runs, base_name, resamples, seed, endpoints, pair_names, arm)
     tabs = make_tables(rep)
 
     out.resolve().parent.mkdir(parents=True, exist_ok=True)
@@ -372,8 +433,11 @@ def build_report(
     return ReportResult(out, rep, tabs, [out / p.name for p in written])
 
 
-def _resolve_run(spec: str, paths: Sequence[Path], names: Sequence[str], option: str) -> str:
-    for p, n in zip(paths, names):
-        if spec in (n, str(p)) or Path(spec).resolve() == p.resolve():
-            return n
-    raise ReportError(f"{option} {spec!r} is not one of the reported runs ({', '.join(names)}); name it as a RUN_DIR too")
+def _resolve_run(spec: str, alias: Mapping[str, str], paths: Sequence[tuple[Path, str]], methods: Sequence[str], option: str) -> str:
+    """The method `spec` names: a method name, or the name or path of one of its runs (`paths`: run → method)."""
+    if spec in alias:
+        return alias[spec]
+    for p, method in paths:
+        if Path(spec).resolve() == p.resolve():
+            return method
+    raise ReportError(f"{option} {spec!r} is not one of the reported runs ({', '.join(methods)}); name it as a RUN_DIR too")

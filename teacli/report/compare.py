@@ -22,6 +22,13 @@ ours, against the Best TTA run of each column among the TTA runs at its own m, a
 GRPO-Z run at its m that is not already its baseline. The paper prints these for TEA only; Prefix-TEA
 gets them too (a superset, labelled by run).
 
+Seeds and the base arm. A method whose seeds were pooled (teacli/report/pool.py) is one row whose
+per-prompt values are the seed means; it is compared like a run. Its seeds also get per-seed rows,
+each paired with the run of the same seed of its baseline when the baseline is a pooled method with
+that seed. The base arm (the untrained policy, `--base-arm`) is a frontier row every other run or
+method is compared with too (method − base at every N, W/T/L); it never is a baseline, a Best TTA
+candidate or an "ours" run.
+
 Statistics (teacli.eval.stats, paper appendix "Uncertainty estimates"): the paired prompt bootstrap
 (percentile 95% interval; the same resampled prompt indices for every N and every comparison, fixed
 by the seed) and prompt-level win/tie/loss with ties at |difference| <= 1e-9, over the prompts common
@@ -67,6 +74,19 @@ class ExtraRow:
     wtl: list[Counts]  # per N
 
 
+@dataclass(frozen=True)
+class SeedRow:
+    """One seed of a pooled method: its means per N and, when its baseline has the same seed, the paired delta."""
+
+    method: str
+    seed: int | None
+    run: str
+    checkpoint: int | str
+    means: list[float]  # per N
+    against: str | None  # the baseline's run of the same seed
+    delta: list[Interval] | None  # per N
+
+
 @dataclass
 class Report:
     runs: list[RunEval]
@@ -89,9 +109,16 @@ class Report:
     tta_budget: int | None  # m of the Best TTA candidates (the default baseline's)
     best_tta: list[Pick]  # one per N when there are candidates, else empty
     extra: list[ExtraRow]
+    base_arm: str | None = None  # the untrained policy's row
+    vs_base: dict[str, list[Interval]] | None = None  # run → per N (delta, lo, hi) against the base arm
+    wtl_base: dict[str, list[Counts]] | None = None  # run → per N, against the base arm
+    seed_rows: list[SeedRow] | None = None  # every seed of every pooled method
 
     def compared(self) -> list[RunEval]:
         return [r for r in self.runs if self.base_of[r.name] is not None]
+
+    def pooled(self) -> list[RunEval]:
+        return [r for r in self.runs if r.seeds]
 
     def baselines_in_use(self) -> list[str]:
         return list(dict.fromkeys(b for b in self.base_of.values() if b is not None))
@@ -125,8 +152,11 @@ def _best_per_n(candidates: Sequence[RunEval], values: Mapping[str, np.ndarray],
 
 
 def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpoints: Sequence[int] | None,
-            pairs: Mapping[str, str] | None = None) -> Report:
-    """Frontier of every run, each compared run against its baseline, Best TTA and the extra W/T/L rows."""
+            pairs: Mapping[str, str] | None = None, base_arm: RunEval | None = None) -> Report:
+    """Frontier of every run, each compared run against its baseline, Best TTA and the extra W/T/L rows;
+    with `base_arm` (listed last), every run against it too; per-seed rows of pooled methods."""
+    methods = list(runs)
+    runs = methods + ([base_arm] if base_arm is not None else [])
     by_name = {r.name: r for r in runs}
     base = by_name[baseline]
     first = runs[0]
@@ -134,7 +164,9 @@ def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpo
     for r in runs[1:]:
         if r.N != Ns:
             raise ReportError(f"runs {first.name} and {r.name} report different N ({first.N} vs {r.N})")
-    base_of = baselines_of([r.name for r in runs], baseline, dict(pairs or {}))
+    base_of = baselines_of([r.name for r in methods], baseline, dict(pairs or {}))
+    if base_arm is not None:
+        base_of[base_arm.name] = None
     common = set.intersection(*(set(r.per_prompt) for r in runs))
     prompts = [pid for pid in base.per_prompt if pid in common]
     if not prompts:
@@ -169,8 +201,16 @@ def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpo
         mine, theirs = lengths[r.name], lengths[b]
         length_delta[r.name] = mine[0] - theirs[0] if mine and theirs else None
 
+    vs_base = wtl_base = None
+    if base_arm is not None:
+        b = base_arm.name
+        vs_base = {r.name: delta(r.name, b) for r in methods}
+        wtl_base = {r.name: [wtl(r.name, b, j) for j in J] for r in methods}
+
+    seed_rows = _seed_rows(methods, base_of, prompts, resamples, seed) if any(r.seeds for r in methods) else None
+
     def tta_at(m: int) -> list[RunEval]:
-        return [r for r in runs if r.advantage in TTA_RULES and r.group_size == m and r.name != baseline]
+        return [r for r in methods if r.advantage in TTA_RULES and r.group_size == m and r.name != baseline]
 
     best_tta: list[Pick] = []
     candidates = tta_at(base.group_size)
@@ -180,16 +220,42 @@ def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpo
             best_tta.append(Pick(Ns[j], name, float(values[name][:, j].mean()), ci, wtl(name, baseline, j)))
 
     extra: list[ExtraRow] = []
-    for r in runs:
+    for r in methods:
         if r.advantage not in OURS_RULES:
             continue
         tta = tta_at(r.group_size)
         if tta:
             best = _best_per_n(tta, values, len(Ns))
             extra.append(ExtraRow(f"{r.name} vs Best TTA", r.name, best, [wtl(r.name, best[j], j) for j in J]))
-        for z in runs:
+        for z in methods:
             if z.advantage == GRPO_Z_RULE and z.group_size == r.group_size and z.name != base_of[r.name]:
                 extra.append(ExtraRow(f"{r.name} vs {z.name}", r.name, [z.name] * len(Ns), [wtl(r.name, z.name, j) for j in J]))
 
     return Report(runs, baseline, base_of, first.split, first.M, Ns, prompts, dropped, resamples, seed, ends, values,
-                  frontier, deltas, counts, lengths, length_delta, base.group_size if candidates else None, best_tta, extra)
+                  frontier, deltas, counts, lengths, length_delta, base.group_size if candidates else None, best_tta, extra,
+                  base_arm.name if base_arm is not None else None, vs_base, wtl_base, seed_rows)
+
+
+def _seed_rows(methods: Sequence[RunEval], base_of: Mapping[str, str | None], prompts: Sequence[str],
+               resamples: int, seed: int) -> list[SeedRow]:
+    """Every seed of every pooled method over the report's prompts, paired seed by seed with its baseline's run
+    of the same seed (when its baseline is pooled and has that seed)."""
+    by_name = {r.name: r for r in methods}
+
+    def arr(r: RunEval) -> np.ndarray:
+        return np.array([r.per_prompt[pid] for pid in prompts], dtype=np.float64)
+
+    rows = []
+    for r in methods:
+        b = base_of.get(r.name)
+        theirs = {s.recipe.seed: s for s in by_name[b].seeds if s.recipe} if b is not None else {}
+        for s in r.seeds:
+            mine = arr(s)
+            other = theirs.get(s.recipe.seed if s.recipe else None)
+            delta = None
+            if other is not None:
+                o = arr(other)
+                delta = [stats.paired_bootstrap(mine[:, j], o[:, j], resamples, seed) for j in range(len(r.N))]
+            rows.append(SeedRow(r.name, s.recipe.seed if s.recipe else None, s.name, s.checkpoint,
+                                [float(x) for x in mine.mean(axis=0)], other.name if other is not None else None, delta))
+    return rows

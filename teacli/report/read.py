@@ -54,6 +54,9 @@ class RecipeInfo:
     group_size: int  # rollout.group_size: m, the per-prompt training rollout budget
     advantage: str  # advantage.name: the run's advantage rule
     params: dict[str, Any]  # advantage.params
+    name: str | None = None  # the recipe's name (a method's name when its seeds are pooled)
+    seed: int | None = None  # the training seed
+    identity: str | None = None  # the whole recipe but its seed, canonical JSON: equal for seeds of one method
 
 
 @dataclass
@@ -71,6 +74,8 @@ class RunEval:
     advantage: str
     params: dict[str, Any] = field(default_factory=dict)
     judge: list[JudgeRow] = field(default_factory=list)
+    recipe: RecipeInfo | None = None
+    seeds: list["RunEval"] = field(default_factory=list)  # a pooled method: its seed runs (teacli/report/pool.py)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -117,18 +122,22 @@ def run_names(paths: Sequence[Path]) -> list[str]:
     return [f"{p.resolve().parent.name}/{p.resolve().name}" for p in paths]
 
 
-def choose_eval(runs: Sequence[Path], names: Sequence[str], checkpoint: str, split: str | None, M: int | None) -> tuple[str, int]:
-    """The (split, M) every run has; an error naming the runs when there is none or the choice is ambiguous."""
+def choose_eval(runs: Sequence[Path], names: Sequence[str], checkpoint: str | Sequence[str], split: str | None,
+                M: int | None) -> tuple[str, int]:
+    """The (split, M) every run has; an error naming the runs when there is none or the choice is ambiguous.
+    `checkpoint`: one for every run, or one per run (a base arm reads eval/base/)."""
+    checkpoints = [checkpoint] * len(runs) if isinstance(checkpoint, str) else list(checkpoint)
     have = {}
-    for run, name in zip(runs, names):
-        evals = {k for k in available_evals(eval_dir(run, checkpoint)) if (split is None or k[0] == split) and (M is None or k[1] == M)}
+    for run, name, ckpt in zip(runs, names, checkpoints):
+        evals = {k for k in available_evals(eval_dir(run, ckpt)) if (split is None or k[0] == split) and (M is None or k[1] == M)}
         have[name] = evals
     listing = "; ".join(
         f"{name}: {', '.join(f'{s}-M{m}' for s, m in sorted(ev)) or 'none'}" for name, ev in have.items()
     )
-    where = f"{eval_dir(Path('RUN'), checkpoint).relative_to('RUN').as_posix()}/"
     if any(not ev for ev in have.values()):
         missing = [n for n, ev in have.items() if not ev]
+        wheres = sorted({f"{eval_dir(Path('RUN'), c).relative_to('RUN').as_posix()}/" for n, c in zip(names, checkpoints) if n in missing})
+        where = " or ".join(wheres)
         want = f" for split {split!r}" if split else ""
         want += f" with M={M}" if M else ""
         raise ReportError(f"run(s) {', '.join(missing)} have no finished evaluation{want} in {where} "
@@ -182,7 +191,14 @@ def read_recipe(path: Path) -> RecipeInfo:
     params = data["advantage"].get("params") or {}
     if not isinstance(params, dict):
         raise ReportError(f"{path}: advantage.params must be a mapping, got {params!r}")
-    return RecipeInfo(m, rule, params)
+    name, seed = data.get("name"), data.get("seed")
+    rest = {k: v for k, v in data.items() if k != "seed"}
+    try:
+        identity = json.dumps(rest, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        identity = None
+    return RecipeInfo(m, rule, params, name if isinstance(name, str) and name else None,
+                      seed if isinstance(seed, int) and not isinstance(seed, bool) else None, identity)
 
 
 def _number(x: Any) -> bool:
@@ -307,16 +323,17 @@ def read_judge(run: Path) -> list[JudgeRow]:
     return sorted(rows, key=lambda r: (r.other, r.N))
 
 
-def load_run(run: Path, name: str, checkpoint: str, split: str, M: int) -> RunEval:
-    """Everything the report reads from one run directory, checked."""
+def load_run(run: Path, name: str, checkpoint: str, split: str, M: int, info: RecipeInfo | None = None) -> RunEval:
+    """Everything the report reads from one run directory, checked (`info`: its recipe.yaml, when read already)."""
     directory = eval_dir(run, checkpoint)
     step, Ns, per_prompt = read_bon(directory / f"{split}-M{M}.bon.json", split, M)
     tokens = rewards = None
     records = directory / f"{split}-M{M}.jsonl"
     if records.is_file():
         tokens, rewards = read_records(records, M, list(per_prompt))
-    info = read_recipe(run / "recipe.yaml")
+    info = info or read_recipe(run / "recipe.yaml")
     return RunEval(
         name=name, path=run, split=split, M=M, checkpoint=step, N=Ns, per_prompt=per_prompt, tokens=tokens,
         rewards=rewards, group_size=info.group_size, advantage=info.advantage, params=info.params, judge=read_judge(run),
+        recipe=info,
     )
