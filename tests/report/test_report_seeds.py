@@ -1,0 +1,155 @@
+"""`tea report` pools the seeds of one recipe into one method and compares every method with a base arm;
+run directories written by hand with known per-prompt values, expected numbers worked out here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+sys.modules.setdefault("vllm", None)
+sys.modules.setdefault("deepspeed", None)
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from teacli.cli import app
+from teacli.config import Recipe, to_yaml
+
+SPLIT, M = "heldout", 4
+NS = [1, 2, 4]
+RESAMPLES, SEED = 1000, 0
+
+
+def write_run(root: Path, dirname: str, recipe_name: str, seed: int, values: list[list[float]], *, rule: str,
+              tokens: int, checkpoint="40", sub: str = "") -> Path:
+    """A run directory as `tea train` + `tea eval-bon` leave it: recipe.yaml (to_yaml), bon.json, records."""
+    run = root / dirname
+    ev = run / "eval" / sub
+    ev.mkdir(parents=True)
+    recipe = Recipe()
+    recipe.name, recipe.seed, recipe.rollout.group_size = recipe_name, seed, 16
+    recipe.advantage.name = rule
+    recipe.advantage.params = {"alpha": 0.25, "n_target": 128} if rule == "tea" else {}
+    (run / "recipe.yaml").write_text(to_yaml(recipe))
+    ids = [f"p{i}" for i in range(len(values))]
+    with open(ev / f"{SPLIT}-M{M}.jsonl", "w") as f:
+        for pid in ids:
+            for s in range(M):
+                f.write(json.dumps({"prompt_id": pid, "sample": s, "response": "x", "reward": 0.5, "tokens": tokens}) + "\n")
+    bon = {"split": SPLIT, "M": M, "checkpoint": int(checkpoint) if checkpoint != "base" else "base", "N": NS,
+           "mean": np.mean(values, axis=0).tolist(), "per_prompt": dict(zip(ids, values))}
+    (ev / f"{SPLIT}-M{M}.bon.json").write_text(json.dumps(bon))
+    return run
+
+
+# per prompt (p0..p3), per N (1, 2, 4)
+GRPO = {0: [[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.2, 0.2, 0.2], [0.0, 0.1, 0.2]],
+        1: [[0.3, 0.4, 0.5], [0.2, 0.3, 0.4], [0.2, 0.2, 0.2], [0.2, 0.3, 0.4]]}
+TEA = {0: [[0.3, 0.4, 0.7], [0.2, 0.5, 0.6], [0.1, 0.2, 0.1], [0.1, 0.3, 0.5]],
+       1: [[0.5, 0.4, 0.9], [0.4, 0.3, 0.4], [0.3, 0.2, 0.3], [0.1, 0.3, 0.5]]}
+BASE = [[0.0, 0.1, 0.2], [0.1, 0.2, 0.3], [0.0, 0.0, 0.1], [0.1, 0.1, 0.1]]
+
+
+@pytest.fixture()
+def study(tmp_path):
+    root = tmp_path / "runs"
+    runs = [write_run(root, f"g-s{s}", "g", s, GRPO[s], rule="grpo", tokens=10 + 10 * s, checkpoint="20" if s else "40") for s in (0, 1)]
+    runs += [write_run(root, f"t-s{s}", "t", s, TEA[s], rule="tea", tokens=30, checkpoint="40") for s in (0, 1)]
+    base = write_run(root, "g-base", "g", 0, BASE, rule="grpo", tokens=12, checkpoint="base", sub="base")
+    return runs, base
+
+
+def report(*args) -> "object":
+    return CliRunner().invoke(app, ["report", *map(str, args)])
+
+
+def by_method(path: Path, key: str = "Method") -> dict[str, dict[str, str]]:
+    return {row[key]: row for row in csv.DictReader(open(path))}
+
+
+def bootstrap(d: np.ndarray) -> tuple[float, float, float]:
+    idx = np.random.default_rng(SEED).integers(0, len(d), size=(RESAMPLES, len(d)))
+    means = d[idx].mean(axis=1)
+    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def test_seeds_pool_into_one_method_with_seed_averaged_values(study, tmp_path):
+    runs, base = study
+    res = report(*runs, "--baseline", "g", "--base-arm", base, "--out", tmp_path / "r", "--endpoints", "2,4")
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "r"
+    frontier = by_method(out / "frontier.csv")
+    assert list(frontier) == ["g", "t", "g-base"]
+    # Pooled bo1 of g: per prompt (0.1+0.3)/2, (0.4+0.2)/2, (0.2+0.2)/2, (0.0+0.2)/2 = 0.2, 0.3, 0.2, 0.1 → mean 0.2.
+    assert float(frontier["g"]["bo1"]) == pytest.approx(0.2)
+    # t at bo4: (0.7+0.9)/2, (0.6+0.4)/2, (0.1+0.3)/2, (0.5+0.5)/2 = 0.8, 0.5, 0.2, 0.5 → 0.5.
+    assert float(frontier["t"]["bo4"]) == pytest.approx(0.5)
+    assert frontier["g"]["Step"] == "s0:40 s1:20" and frontier["g-base"]["Step"] == "base" and frontier["g-base"]["Budget"] == "untrained"
+
+    # t − g at bo4 per prompt: 0.8−0.4, 0.5−0.5, 0.2−0.2, 0.5−0.3 = 0.4, 0, 0, 0.2 → delta 0.15; the bootstrap
+    # resamples these four seed-averaged differences (not the 8 per-seed ones).
+    d4 = np.array([0.4, 0.0, 0.0, 0.2])
+    endpoints = by_method(out / "endpoints.csv")
+    got = [float(endpoints["t"][k]) for k in ("Δbo4", "Δbo4 lo", "Δbo4 hi")]
+    assert got == pytest.approx(bootstrap(d4)) and got[0] == pytest.approx(0.15)
+    # W/T/L on the seed-averaged values: bo4 → 2 wins, 2 ties (p1, p2), 0 losses. p2 is a loss for seed 0
+    # (0.1 vs 0.2) and a win for seed 1 (0.3 vs 0.2): only its seed averages tie.
+    wtl = by_method(out / "win_tie_loss.csv", "Comparison")
+    assert [int(wtl["t vs g"][f"bo4 {k}"]) for k in "WTL"] == [2, 2, 0]
+    # bo2: t averaged 0.4, 0.4, 0.2, 0.3 vs g 0.3, 0.4, 0.2, 0.2 → W/T/L 2/2/0, delta 0.05.
+    assert [int(wtl["t vs g"][f"bo2 {k}"]) for k in "WTL"] == [2, 2, 0]
+    assert float(endpoints["t"]["Δbo2"]) == pytest.approx(0.05)
+
+    # Against the base arm, at every N: t − base at bo1 per prompt: 0.4−0, 0.3−0.1, 0.2−0, 0.1−0.1 = 0.4, 0.2, 0.2, 0.
+    vs_base = {row["N"]: row for row in csv.DictReader(open(out / "vs_base.csv"))}
+    assert list(vs_base) == ["1", "2", "4"]
+    assert [float(vs_base["1"][f"t − base{k}"]) for k in ("", " lo", " hi")] == pytest.approx(bootstrap(np.array([0.4, 0.2, 0.2, 0.0])))
+    assert float(vs_base["4"]["g − base"]) == pytest.approx(np.mean([0.4 - 0.2, 0.5 - 0.3, 0.2 - 0.1, 0.3 - 0.1]))
+    assert [int(wtl["g vs g-base"][f"bo4 {k}"]) for k in "WTL"] == [4, 0, 0]
+
+    # Per-seed rows, paired seed by seed: t seed 1 vs g seed 1 at bo4: 0.9−0.5, 0.4−0.4, 0.3−0.2, 0.5−0.4.
+    seeds = list(csv.DictReader(open(out / "seeds.csv")))
+    assert [(r["Method"], r["Seed"], r["Run"], r["Baseline run"]) for r in seeds] == [
+        ("g", "0", "g-s0", ""), ("g", "1", "g-s1", ""), ("t", "0", "t-s0", "g-s0"), ("t", "1", "t-s1", "g-s1")]
+    t1 = seeds[3]
+    assert float(t1["bo4"]) == pytest.approx(np.mean([0.9, 0.4, 0.3, 0.5]))
+    assert [float(t1[f"Δbo4 [95% CI]{k}"]) for k in ("", " lo", " hi")] == pytest.approx(bootstrap(np.array([0.4, 0.0, 0.1, 0.1])))
+
+    # Mean length pools every completion of both seeds: g has 10 tokens (seed 0) and 20 (seed 1) → 15.0.
+    length = by_method(out / "length.csv")
+    assert length["g"]["Mean length"] == "15.0" and int(length["g"]["Source samples"]) == 2 * 4 * M
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["base_arm"] == "g-base" and summary["runs"]["t"]["baseline"] == "g"
+    assert [s["seed"] for s in summary["runs"]["t"]["seeds"]] == [0, 1]
+    notes = (out / "report.md").read_text()
+    assert "t: 2 seeds pooled (t-s0, t-s1" in notes and "Base arm: g-base" in notes
+
+
+def test_baseline_and_pairs_name_methods_or_their_runs(study, tmp_path):
+    runs, base = study
+    for spec in ("g", "g-s1", str(runs[0])):
+        res = report(*runs, "--baseline", spec, "--out", tmp_path / "r")
+        assert res.exit_code == 0, res.output
+        assert "| t vs g |" in (tmp_path / "r" / "win_tie_loss.md").read_text()
+    res = report(*runs, "--baseline", "t", "--pair", "g=t", "--out", tmp_path / "r")
+    assert res.exit_code == 0 and "| g vs t |" in (tmp_path / "r" / "win_tie_loss.md").read_text()
+    # One seed of a recipe: no pooling, the run keeps its directory name, the recipe name still resolves.
+    res = report(runs[0], runs[2], "--baseline", "g", "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    assert "| t-s0 vs g-s0 |" in (tmp_path / "r" / "win_tie_loss.md").read_text()
+    assert not (tmp_path / "r" / "seeds.md").exists()
+
+
+def test_same_recipe_and_seed_twice_and_base_arm_as_run_are_errors(study, tmp_path):
+    runs, base = study
+    twin = write_run(tmp_path / "other", "g-s0-again", "g", 0, GRPO[0], rule="grpo", tokens=10)
+    res = report(*runs, twin, "--out", tmp_path / "r")
+    assert res.exit_code == 2 and "are the same recipe (g) with the same seed 0" in res.stderr
+    res = report(*runs, base, "--base-arm", base, "--out", tmp_path / "r")
+    assert res.exit_code == 2 and "also given as a RUN_DIR" in res.stderr
+    res = report(*runs[1:], "--base-arm", runs[0], "--out", tmp_path / "r")  # trained, never evaluated as base
+    assert res.exit_code == 2 and "g-s0 have no finished evaluation" in res.stderr and "in eval/base/" in res.stderr
+    assert not (tmp_path / "r").exists()
