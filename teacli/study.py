@@ -19,8 +19,10 @@ name recipes (methods) of the study. With `seeds`, recipe NAME is trained once p
 `<runs_dir>/NAME-s<seed>` (`tea train ... --set seed=<seed>`), every seed evaluated with the same
 settings, and the report pools a method's seeds (teacli/report/pool.py). With `base`, the recipe's
 untrained policy is evaluated once into `<runs_dir>/NAME-base/eval/base/` (`tea eval-bon --recipe`)
-and reported as the arm every method is also compared with. Several studies share run directories: a run trained for one study is
-skipped by the next (uf_core500 and uf_step450 evaluate the uf_core250 runs on core500).
+and reported as the arm every method is also compared with.
+
+Several studies share run directories: a run trained for one study is skipped by the next
+(uf_core500 and uf_step450 evaluate the uf_core250 runs on core500).
 
 Each stage runs the real `tea` command in its own process (so every training run gets a fresh
 process group), through the launcher for training when there is one. A stage is skipped when its
