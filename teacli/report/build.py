@@ -219,7 +219,7 @@ def notes(rep: Report) -> list[str]:
         f"Deltas: paired prompt bootstrap, {rep.resamples} resamples, seed {rep.seed}, 95% percentile interval. "
         "Ties: |difference| <= 1e-9.",
         "bo<N>: grouped best-of-N (M/N consecutive groups of N, mean of group maxima per prompt, mean over prompts).",
-        "Runs: " + "; ".join(f"{r.name} ({r.advantage}, {_budget(r)}, checkpoint {r.checkpoint})" for r in rep.runs) + ".",
+        "Runs: " + "; ".join(f"{r.name} ({r.advantage}, {_budget(r, rep)}, checkpoint {r.checkpoint})" for r in rep.runs) + ".",
         "Roles come from each run's recipe.yaml advantage.name: test-time-aware (TTA) = " + ", ".join(TTA_RULES)
         + "; ours = " + ", ".join(OURS_RULES) + f"; GRPO-Z = {GRPO_Z_RULE}.",
     ]
