@@ -192,6 +192,33 @@ def test_zero_two_processes(assets, tmp_path, stage):
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002")
 
 
+def test_dynamic_sampling_two_processes_agree_on_rounds(assets, tmp_path):
+    """Two ranks (ZeRO-3: every generation gathers parameters on both) with different flat groups: they run
+    the same rounds (the all-reduced shortfall), each trains on exactly its share, and they agree on the data
+    position saved in the checkpoint."""
+    run = tmp_path / "dyn2"
+    rec = recipe(assets, tmp_path, backend__zero_stage=3, optim__steps=3, checkpoint__save_every=3, rollout__prompts_per_step=4,
+                 rollout__dynamic_sampling=True, reward__function="rewards_for_tests:half_flat_length_reward",
+                 logging={"report_to": [], "per_rank": True})
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29700 + os.getpid() % 200),
+           "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads(line) for line in (run / "ranks.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["rank"]) for r in ranks] == [(s, k) for s in (1, 2, 3) for k in (0, 1)]
+    drawn = 0
+    for step in (1, 2, 3):
+        r0, r1 = (r for r in ranks if r["step"] == step)
+        assert r0["dynamic_extra_rounds"] == r1["dynamic_extra_rounds"]
+        assert r0["dynamic_filled_groups"] == r1["dynamic_filled_groups"] == 0
+        # both ranks drew the same number of prompts this step: kept (2 each) + dropped + surplus + skipped
+        n0, n1 = ((2 + r["dynamic_dropped_groups"] + r["dynamic_surplus_groups"] + r["skipped_prompts"]) for r in (r0, r1))
+        assert n0 == n1
+        drawn += n0 + n1
+    assert sum(r["dynamic_dropped_groups"] for r in ranks) > 0
+    assert json.loads((run / "checkpoints" / "step_000003" / "trainer_state.json").read_text())["data_position"] == drawn
+
+
 def test_zero3_one_process(assets, tmp_path):
     run = tmp_path / "z3"
     tea_train(recipe(assets, tmp_path, backend__zero_stage=3, optim__steps=2), run, tmp_path)
