@@ -131,6 +131,22 @@ class RolloutConfig:
     gpu_memory_utilization: float = field(0.5, "vllm: fraction of GPU memory for the engine.", gt=0.0, le=1.0)
     sleep: bool = field(True, "vllm: sleep (level 1) while training, wake for generation (GPU only).")
     verify_sync: bool = field(True, "vllm: after each weight push, check vLLM's log-probs against the trainer's.")
+    is_correction: Literal["auto", "off", "token", "sequence"] = field(
+        "auto",
+        "Truncated importance sampling for the rollout/trainer mismatch: each token's (token) or sequence's (sequence) "
+        "policy-gradient term is weighted by min(pi_train/pi_rollout, rollout.is_cap), detached; 'auto' = token with the "
+        "vllm engine, off with hf (it samples from the trainer's own module). token and sequence need the vllm engine.",
+    )
+    is_cap: float = field(2.0, "The truncation cap C of the importance ratio (TIS: min(ratio, C)).", ge=1.0)
+    dynamic_sampling: bool = field(
+        False,
+        "Drop groups whose rewards are all equal and draw more prompts (the next ones of the data order) until the step "
+        "has prompts_per_step informative groups, as DAPO / verl filter_groups (not in the paper).",
+    )
+    max_resample_rounds: int = field(
+        10, "dynamic_sampling: extra generation rounds per step at most; when reached, the step trains on what it has "
+        "(the shortfall filled with zero-advantage groups, counted as dynamic_filled_groups).", ge=0,
+    )
 
 
 @dataclass
@@ -615,6 +631,12 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
         raise RecipeError(
             f"validation.top: {recipe.validation.top} exceeds validation.samples={recipe.validation.samples}"
             f"{_where(origin, 'validation.top', 'validation.samples')}"
+        )
+    if recipe.rollout.engine == "hf" and recipe.rollout.is_correction in ("token", "sequence"):
+        raise RecipeError(
+            f"rollout.is_correction: {recipe.rollout.is_correction!r} needs the sampler's log-probs, which only the vllm "
+            f"engine returns; the hf engine samples from the trainer's own module (no mismatch): use auto or off"
+            f"{_where(origin, 'rollout.is_correction')}"
         )
     if recipe.backend.offload_params and recipe.backend.zero_stage != 3:
         raise RecipeError(f"backend.offload_params: needs backend.zero_stage 3, got {recipe.backend.zero_stage}{_where(origin, 'backend.offload_params')}")

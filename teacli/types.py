@@ -60,4 +60,4 @@ class Completion:
     token_ids: list[int]  # [T] generated tokens, up to and including the first EOS if it stopped
     text: str  # decoded response (special tokens skipped)
     finished: bool  # True if it stopped at EOS, False if cut at max_new_tokens
-    logprobs: list[float] | None = None  # [T] the sampler's log-probs (vllm engine), for sync checks
+    logprobs: list[float] | None = None  # [T] the sampler's log-probs (vllm engine): sync check, importance correction

@@ -45,3 +45,21 @@ def interrupted_length_reward(prompts, responses):
     if str(_CALLS["n"]) == os.environ.get("TEA_TEST_FAIL_AT"):
         raise ValueError(f"interrupted on purpose at reward call {_CALLS['n']}")
     return length_reward(prompts, responses)
+
+
+def half_flat_length_reward(prompts, responses):
+    """length_reward, except that every response to about half of the prompts (by a hash of the prompt
+    id) scores 1.0: their groups carry no signal, which rollout.dynamic_sampling drops."""
+    import zlib
+
+    scores = length_reward(prompts, responses)
+    return [1.0 if zlib.crc32(p.id.encode()) % 2 else s for p, s in zip(prompts, scores)]
+
+
+def slow_half_flat_length_reward(prompts, responses):
+    time.sleep(0.4)  # gives a test time to kill the run mid-step
+    return half_flat_length_reward(prompts, responses)
+
+
+def constant_reward(prompts, responses):
+    return [1.0] * len(responses)

@@ -49,12 +49,12 @@ def prompt_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-def step_prompts(prompts: list["Prompt"], step: int, per_step: int, seed: int) -> list["Prompt"]:
-    """The prompts of global step `step` (deterministic in step, so resume replays nothing twice)."""
+def stream_prompts(prompts: list["Prompt"], start: int, count: int, seed: int) -> list["Prompt"]:
+    """The prompts at positions [start, start + count) of the run's data stream: epoch after epoch
+    of seeded permutations, so a position always names the same prompt (resume replays nothing twice)."""
     n = len(prompts)
-    start = step * per_step
     out = []
-    for k in range(start, start + per_step):
+    for k in range(start, start + count):
         epoch, pos = divmod(k, n)
         out.append(prompts[prompt_order(n, seed, epoch)[pos]])
     return out
@@ -170,6 +170,41 @@ def generate_and_score(rollout, tokenizer, reward, prompts, recipe, n: int, seed
     return prompts, prompt_ids, groups, rewards, skipped, t1 - t0, t2 - t1
 
 
+def generate_step(rollout, tokenizer, reward, train_prompts, recipe, world, step: int, position: int):
+    """This rank's groups of one step, from data position `position` (teacli.train.dynamic).
+
+    Returns (Selection, the data position after the step, skipped prompts, generation and reward seconds).
+    Without rollout.dynamic_sampling: this rank's share of the P prompts at `position`, all kept.
+    """
+    import torch
+
+    from teacli.train import backend, dynamic
+
+    r = recipe.rollout
+    local_P = r.prompts_per_step // world.world_size
+
+    def run_round(start: int, count: int, k: int) -> dynamic.Round:
+        batch = stream_prompts(train_prompts, start, count, recipe.seed)
+        # Round 0's seed is the step's; extra rounds get their own streams.
+        seed = recipe.seed * 1_000_003 + step * 131 + world.rank + k * 1_000_000_007
+        prompts, prompt_ids, groups, rewards, skipped, t_gen, t_rew = generate_and_score(
+            rollout, tokenizer, reward, batch, recipe, r.group_size, seed=seed
+        )
+        return dynamic.Round(prompts, prompt_ids, groups, rewards, skipped, t_gen, t_rew)
+
+    rounds, position = dynamic.collect(
+        run_round, want=local_P, position=position, world_size=world.world_size, rank=world.rank,
+        max_extra_rounds=r.max_resample_rounds, dynamic=r.dynamic_sampling, reduce_max=backend.all_reduce_max,
+    )
+    if r.dynamic_sampling:
+        sel = dynamic.select(rounds, local_P)
+    else:
+        (rd,) = rounds
+        sel = dynamic.Selection(rd.prompts, rd.prompt_ids, rd.groups, rd.rewards, torch.zeros(len(rd.groups), dtype=torch.bool))
+    skipped = sum(rd.skipped for rd in rounds)
+    return sel, position, skipped, sum(rd.time_generate for rd in rounds), sum(rd.time_reward for rd in rounds)
+
+
 def _ref_logprobs(reference, engine, input_ids, attn, lp):
     import torch
 
@@ -182,14 +217,21 @@ def _ref_logprobs(reference, engine, input_ids, attn, lp):
         return token_logprobs(reference, input_ids, attn, lp)
 
 
-def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device) -> dict[str, float]:
-    """Micro-batched forward/backward over the step's sequences, then one optimizer step."""
+def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device, is_level: str = "off") -> dict[str, float]:
+    """Micro-batched forward/backward over the step's sequences, then one optimizer step.
+
+    is_level (token/sequence): weight the policy-gradient terms by the truncated ratio of the
+    trainer's to the sampler's log-probs (teacli.train.importance); "off": no correction.
+    """
     from teacli.logprobs import token_logprobs
+    from teacli.train import importance
     from teacli.train.loss import policy_loss
 
     seq_prompt = [prompt_ids[p] for p, g in enumerate(groups) for _ in g]
     seq_comp = [c.token_ids for g in groups for c in g]
     seq_adv = advantages.reshape(-1)
+    seq_rollout_logp = [c.logprobs for g in groups for c in g]
+    log_ratios: list = []
     total = len(seq_comp)
     mb = recipe.optim.micro_batch_size
     stats: dict[str, float] = {}
@@ -202,8 +244,13 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
         ref = _ref_logprobs(reference, engine, input_ids, attn, lp) if reference is not None else None
         t_ref += time.perf_counter() - t0
         logp = token_logprobs(engine, input_ids, attn, lp)
+        weights = None
+        if is_level != "off":
+            rollout_logp = importance.pack_rollout_logprobs(seq_rollout_logp[sl], cmask.shape[1], device)
+            weights, lr = importance.is_weights(logp, rollout_logp, cmask, is_level, recipe.rollout.is_cap)
+            log_ratios.append(lr)
         # DeepSpeed divides by gradient_accumulation_steps; scale so the step averages over `total`.
-        loss, s = policy_loss(logp, cmask, seq_adv[sl].to(device), ref, recipe.kl.beta, recipe.kl.estimator, total)
+        loss, s = policy_loss(logp, cmask, seq_adv[sl].to(device), ref, recipe.kl.beta, recipe.kl.estimator, total, is_weights=weights)
         engine.backward(loss * engine.gradient_accumulation_steps())
         engine.step()
         for k, v in s.items():
@@ -212,6 +259,8 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     grad_norm = engine.get_global_grad_norm()
     stats["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
     stats["time_ref_logprobs"] = t_ref
+    if is_level != "off":
+        stats.update(importance.is_stats(importance.merge_log_ratios(log_ratios), recipe.rollout.is_cap))
     return stats
 
 
@@ -260,10 +309,16 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     import torch
 
     from teacli.advantages import compute_advantages
+    from teacli.rollout.factory import resolve_engine_name
     from teacli.train import backend
+    from teacli.train.importance import resolve_is_correction
     from teacli.train.progress import Progress, check_trackers, metrics_sink
 
     check_trackers(recipe)  # an uninstalled tracker fails before any model is loaded
+    try:  # the importance correction the engine that will run needs (before any model is loaded)
+        is_level = resolve_is_correction(recipe.rollout.is_correction, resolve_engine_name(recipe.rollout.engine))
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
     world = backend.init_world()
     run = RunDir(run_dir)
     resume = _prepare_run_dir(run, recipe, world)
@@ -279,10 +334,12 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         start = step_done
+        state = json.loads((path / "trainer_state.json").read_text()) if (path / "trainer_state.json").exists() else {}
+        position = int(state.get("data_position", start * recipe.rollout.prompts_per_step))
+    else:
+        position = 0
     # Engines with their own copy of the weights (vllm) get the trainer's, now and after every update.
     rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))
-    P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
-    local_P = P // world.world_size
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sink = metrics_sink(run, recipe, world, start)
     adv_params = dict(recipe.advantage.params)
@@ -302,20 +359,22 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
         for step in range(start, recipe.optim.steps):
             t_step = time.perf_counter()
             phase = "generation (rollout.batch_size, rollout.max_new_tokens)"
-            batch = step_prompts(train_prompts, step, P, recipe.seed)[world.rank * local_P : (world.rank + 1) * local_P]
             rollout.wake()
             with backend.generation_weights(engine, recipe.backend.zero_stage):
-                prompts, prompt_ids, groups, rewards, skipped, t_gen, t_rew = generate_and_score(
-                    rollout, tokenizer, reward, batch, recipe, m, seed=recipe.seed * 1_000_003 + step * 131 + world.rank
+                sel, position, skipped, t_gen, t_rew = generate_step(
+                    rollout, tokenizer, reward, train_prompts, recipe, world, step, position
                 )
             rollout.sleep()
+            prompt_ids, groups, rewards = sel.prompt_ids, sel.groups, sel.rewards
             try:
                 advantages = compute_advantages(recipe.advantage.name, rewards.double(), **adv_params).float()
             except ValueError as exc:
                 raise TrainError(f"advantage.name={recipe.advantage.name!r}: {exc}") from None
+            if sel.filled.any():  # dynamic sampling ran out of rounds: these groups only keep the step's shape
+                advantages[sel.filled] = 0.0
             phase = "training (optim.micro_batch_size, policy.gradient_checkpointing)"
             t0 = time.perf_counter()
-            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, world.device)
+            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, world.device, is_level=is_level)
             t_train = time.perf_counter() - t0 - stats.pop("time_ref_logprobs")
             t_ref = time.perf_counter() - t0 - t_train
             t0 = time.perf_counter()
@@ -337,13 +396,20 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 "time_generate": t_gen, "time_reward": t_rew, "time_ref_logprobs": t_ref, "time_train": t_train, "time_sync": t_sync,
                 "time_step": elapsed, "tokens_per_s": float(lengths.sum()) * world.world_size / max(t_gen, 1e-9),
                 **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
+                **sel.stats,  # dynamic sampling: rounds, dropped and filled groups
             }
             local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
             sink.write(record, local=local)
+            if world.is_main and record.get("dynamic_filled_groups", 0) > 0:
+                sink.note(
+                    f"step {step + 1}: dynamic sampling found too few informative groups in "
+                    f"{1 + recipe.rollout.max_resample_rounds} rounds (rollout.max_resample_rounds); "
+                    f"{record['dynamic_filled_groups']:g} uninformative group(s) per rank kept with advantage 0"
+                )
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
                 phase = "validation and checkpoint (validation.samples, rollout.batch_size)"
-                _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink)
+                _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink, position)
     except torch.OutOfMemoryError:
         raise TrainError(
             f"out of memory during {phase}: lower the recipe keys named there, or use backend.zero_stage: 3 "
@@ -355,12 +421,13 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     return run.path
 
 
-def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink) -> None:
+def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position) -> None:
     from teacli.train import backend
 
     if recipe.validation.enabled:
         result = _validation(engine, rollout, tokenizer, reward, val_prompts, recipe)
-    save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": step * recipe.rollout.prompts_per_step})
+    # data_position: prompts of the data order consumed so far (step × P unless dynamic sampling drew more).
+    save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": position})
     if world.is_main:
         if recipe.validation.enabled:
             sink.validation({"step": step, **result})

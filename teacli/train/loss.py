@@ -42,10 +42,15 @@ def policy_loss(
     beta: float,
     estimator: str,
     denominator: int,  # number of sequences the step averages over (P·m on this rank)
+    is_weights: "Tensor | None" = None,  # [B, T] detached TIS weights (teacli.train.importance), or None
 ) -> tuple["Tensor", dict[str, float]]:
-    """The grouped policy-gradient loss of one micro-batch and its detached stats."""
+    """The grouped policy-gradient loss of one micro-batch and its detached stats.
+
+    With `is_weights` w, the policy-gradient term is −A_i · Σ_t w_t log π(y_i,t) (the KL term is not reweighted).
+    """
     mask = mask.to(logp.dtype)
-    seq_logp = (logp * mask).sum(-1)  # [B]
+    weighted = mask if is_weights is None else mask * is_weights.detach().to(logp.dtype)
+    seq_logp = (logp * weighted).sum(-1)  # [B]
     pg = -(advantages.detach().to(logp.dtype) * seq_logp)
     loss_terms = pg
     stats: dict[str, float] = {"pg_loss": float(pg.detach().sum()) / denominator}

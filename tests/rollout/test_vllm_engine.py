@@ -113,6 +113,32 @@ def optimizer_step(model, tok, prompts, lr=3e-2) -> None:
     model.eval()
 
 
+class PlainEngine:
+    """The slice of DeepSpeedEngine that `teacli.train.loop.train_step` uses, around a plain module and SGD."""
+
+    def __init__(self, module):
+        self.module = module
+        self.opt = torch.optim.SGD(module.parameters(), lr=1e-3)
+
+    def __call__(self, **kwargs):
+        return self.module(**kwargs)
+
+    def train(self):
+        self.module.train()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):  # every micro-batch: accumulate; the test only reads the step's statistics
+        pass
+
+    def gradient_accumulation_steps(self):
+        return 1
+
+    def get_global_grad_norm(self):
+        return float(torch.cat([p.grad.flatten() for p in self.module.parameters() if p.grad is not None]).norm())
+
+
 def exact_first_token_probs(model, prompt, temperature, top_k, top_p) -> torch.Tensor:
     """The hf engine's contract written out: softmax(logits / T), then top-k, then top-p (renormalized)."""
     with torch.no_grad():
@@ -296,6 +322,53 @@ class TestOneEngine:
         fresh.generate(prompts, n=2, sampling=sample(), seed=0)  # the check is off: no error
 
 
+    def test_importance_correction_weights_a_perturbed_rollout_model(self, fresh, model, tok, prompts, monkeypatch):
+        """rollout.is_correction through the trainer's step: vLLM sampling with weights pushed with noise (a rollout
+        model ≠ the trainer's) gives ratios π_train/π_rollout far from 1, truncated at the cap; the same weights
+        on both sides give weights ≈ 1 (fp32: the kernels differ, the math does not)."""
+        from teacli.config import Recipe
+        from teacli.train.importance import is_weights
+        from teacli.train.loop import pack, train_step
+
+        recipe = Recipe()
+        recipe.kl.beta, recipe.optim.micro_batch_size, recipe.rollout.is_cap = 0.0, 5, 2.0
+        adv = torch.linspace(-1.0, 1.0, 4).repeat(3, 1)  # any non-zero advantages: the step must run
+
+        def step_stats(groups):
+            trainer = copy.deepcopy(model)
+            return train_step(PlainEngine(trainer), None, recipe, prompts, groups, adv, tok.pad_token_id, torch.device("cpu"), is_level="token")
+
+        same = fresh.generate(prompts, n=4, sampling=sample(), seed=4)
+        exact = step_stats(same)
+        print(f"unperturbed rollout model: {({k: round(v, 6) for k, v in exact.items() if k.startswith('is_')})}")
+        assert abs(exact["is_ratio_min"] - 1) < 1e-3 and abs(exact["is_ratio_max"] - 1) < 1e-3 and exact["is_truncated_frac"] == 0
+
+        noisy = copy.deepcopy(model)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in noisy.parameters():
+                p.add_(torch.randn_like(p) * 0.5 * p.std())
+        monkeypatch.setattr(fresh.cfg, "verify_sync", False)  # the sync check would (rightly) refuse these weights
+        fresh.load_weights(noisy.named_parameters())
+        off = fresh.generate(prompts, n=4, sampling=sample(), seed=4)
+        stats = step_stats(off)
+        print(f"perturbed rollout model: {({k: round(v, 4) for k, v in stats.items() if k.startswith('is_')})}")
+        assert stats["is_truncated_frac"] > 0.05 and stats["is_ratio_max"] > 2.0 and stats["is_ratio_min"] < 0.5
+        assert 0 < stats["is_weight_mean"] <= 2.0
+        # The weights the step used, recomputed from the vLLM log-probs: min(π_train/π_rollout, 2) per token.
+        seq_prompts = [p for p, g in zip(prompts, off) for _ in g]
+        comps = [c for g in off for c in g]
+        input_ids, attn, cmask, lp = pack(seq_prompts, [c.token_ids for c in comps], tok.pad_token_id, "cpu")
+        with torch.no_grad():
+            logp = token_logprobs(model, input_ids, attn, lp)
+        rollout_logp = torch.zeros_like(logp)
+        for i, c in enumerate(comps):
+            rollout_logp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        w, _ = is_weights(logp, rollout_logp, cmask, "token", 2.0)
+        ratio = (logp - rollout_logp).exp()[cmask.bool()]
+        torch.testing.assert_close(w[cmask.bool()], ratio.clamp(max=2.0))
+        assert float((w[cmask.bool()] - 1).abs().max()) > 0.5
+
     def test_lora_adapters_are_merged_into_the_pushed_weights(self, fresh, model, tok, prompts):
         from teacli.config import LoraConfig
         from teacli.lora import apply_lora
@@ -360,6 +433,8 @@ def test_tea_train_with_the_vllm_engine(train_assets, tmp_path, processes, zero_
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:  # every step generated with weights verified against the trainer's
         assert r["sync_logprob_mean_abs_diff"] < 1e-4 and r["sync_tokens_checked"] > 0, r
+        # rollout.is_correction: auto = token-level with vllm; fp32 on both sides, so the ratios are ≈ 1
+        assert abs(r["is_ratio_mean"] - 1) < 1e-3 and r["is_truncated_frac"] == 0, r
     assert rows[-1]["kl"] > 0  # the policy moved, and the pushes followed it
     print(f"tea train (vllm, {processes} process(es), ZeRO-{zero_stage}, lora={lora}): sync mean gaps",
           [f"{r['sync_logprob_mean_abs_diff']:.1e}" for r in rows])

@@ -72,6 +72,8 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
         assert key in rows[0], key
     assert all(r["grad_norm"] > 0 for r in rows)
     assert rows[-1]["kl"] > 0  # the policy moved away from the reference
+    assert not any(k.startswith(("dynamic_", "is_")) for k in rows[0])  # both off: hf engine, no dynamic sampling
+    assert json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())["data_position"] == 4 * 2
     val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [0, 2, 4]  # step 0: the untrained policy's baseline
     selected = json.loads((run / "selected.json").read_text())
@@ -89,6 +91,62 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
     changed = [k for k in before if not (before[k] == after[k]).all()]
     assert len(changed) >= len(before) // 2
     assert model.config.vocab_size == AutoModelForCausalLM.from_pretrained(assets / "policy").config.vocab_size
+
+
+def kill_after(rec: Path, run: Path, tmp: Path, rows: int) -> None:
+    """Start `tea train` and SIGKILL it once metrics.jsonl has `rows` lines."""
+    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(tmp), start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= rows:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_dynamic_sampling_drops_flat_groups_and_resumes_exactly(assets, tmp_path):
+    """Half the prompts get equal rewards for every response: those groups are dropped and the next prompts of
+    the data order drawn, so steps consume more than P prompts; a run killed mid-way and resumed from its
+    checkpoint (data_position in trainer_state.json) equals the uninterrupted one."""
+    rec = recipe(assets, tmp_path, optim__steps=6, rollout__dynamic_sampling=True,
+                 reward__function="rewards_for_tests:slow_half_flat_length_reward")
+    reference = tmp_path / "reference"
+    tea_train(rec, reference, tmp_path)
+    ref_rows = metrics(reference)
+    assert sum(r["dynamic_dropped_groups"] for r in ref_rows) > 0 and sum(r["dynamic_extra_rounds"] for r in ref_rows) > 0
+    assert all(r["dynamic_filled_groups"] == 0 for r in ref_rows)
+    assert all(r["adv_nonzero_frac"] > 0.9 for r in ref_rows)  # every trained group carries signal
+    # Prompts drawn in steps 1-2: the P = 2 trained groups of each, plus every dropped (or surplus, or skipped) one.
+    drawn = sum(2 + r["dynamic_dropped_groups"] + r["dynamic_surplus_groups"] + r["skipped_prompts"] for r in ref_rows[:2])
+    state = json.loads((reference / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    assert state["data_position"] == drawn > 4
+
+    run = tmp_path / "killed"
+    kill_after(rec, run, tmp_path, rows=3)  # mid-step 4: after checkpoint 2, before checkpoint 4
+    assert (run / "checkpoints" / "step_000002").is_dir() and not (run / "checkpoints" / "step_000004").exists()
+    tea_train(rec, run, tmp_path)
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(rows, ref_rows):
+        for key in ("reward_mean", "dynamic_dropped_groups", "dynamic_extra_rounds", "loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5), (a["step"], key)
+    final, ref_final = load_weights(run / "checkpoints" / "step_000006"), load_weights(reference / "checkpoints" / "step_000006")
+    for k in ref_final:
+        assert (final[k] - ref_final[k]).abs().max() < 1e-5, k
+
+
+def test_dynamic_sampling_bound_trains_on_what_there_is_and_says_so(assets, tmp_path):
+    run = tmp_path / "flat"
+    rec = recipe(assets, tmp_path, optim__steps=1, checkpoint__save_every=1, validation__enabled=False,
+                 rollout__dynamic_sampling=True, rollout__max_resample_rounds=2, reward__function="rewards_for_tests:constant_reward")
+    proc = tea_train(rec, run, tmp_path)
+    (row,) = metrics(run)
+    assert row["dynamic_extra_rounds"] == 2 and row["dynamic_filled_groups"] == 2 and row["adv_nonzero_frac"] == 0
+    assert "too few informative groups" in proc.stderr and "rollout.max_resample_rounds" in proc.stderr
+    # round 0: 2 prompts, then 2 extra rounds of the 2 missing groups
+    assert json.loads((run / "checkpoints" / "step_000001" / "trainer_state.json").read_text())["data_position"] == 6
 
 
 def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
@@ -132,6 +190,33 @@ def test_zero_two_processes(assets, tmp_path, stage):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002")
+
+
+def test_dynamic_sampling_two_processes_agree_on_rounds(assets, tmp_path):
+    """Two ranks (ZeRO-3: every generation gathers parameters on both) with different flat groups: they run
+    the same rounds (the all-reduced shortfall), each trains on exactly its share, and they agree on the data
+    position saved in the checkpoint."""
+    run = tmp_path / "dyn2"
+    rec = recipe(assets, tmp_path, backend__zero_stage=3, optim__steps=3, checkpoint__save_every=3, rollout__prompts_per_step=4,
+                 rollout__dynamic_sampling=True, reward__function="rewards_for_tests:half_flat_length_reward",
+                 logging={"report_to": [], "per_rank": True})
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29700 + os.getpid() % 200),
+           "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads(line) for line in (run / "ranks.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["rank"]) for r in ranks] == [(s, k) for s in (1, 2, 3) for k in (0, 1)]
+    drawn = 0
+    for step in (1, 2, 3):
+        r0, r1 = (r for r in ranks if r["step"] == step)
+        assert r0["dynamic_extra_rounds"] == r1["dynamic_extra_rounds"]
+        assert r0["dynamic_filled_groups"] == r1["dynamic_filled_groups"] == 0
+        # both ranks drew the same number of prompts this step: kept (2 each) + dropped + surplus + skipped
+        n0, n1 = ((2 + r["dynamic_dropped_groups"] + r["dynamic_surplus_groups"] + r["skipped_prompts"]) for r in (r0, r1))
+        assert n0 == n1
+        drawn += n0 + n1
+    assert sum(r["dynamic_dropped_groups"] for r in ranks) > 0
+    assert json.loads((run / "checkpoints" / "step_000003" / "trainer_state.json").read_text())["data_position"] == drawn
 
 
 def test_zero3_one_process(assets, tmp_path):
