@@ -360,7 +360,7 @@ def test_tea_train_with_the_vllm_engine(train_assets, tmp_path, processes, zero_
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:  # every step generated with weights verified against the trainer's
         assert r["sync_logprob_mean_abs_diff"] < 1e-4 and r["sync_tokens_checked"] > 0, r
-    assert rows[-1]["kl"] > 0  # the policy moved, and the pushes followed it
+    assert rows[-1]["kl_loss"] > 0  # the policy moved, and the pushes followed it
     print(f"tea train (vllm, {processes} process(es), ZeRO-{zero_stage}, lora={lora}): sync mean gaps",
           [f"{r['sync_logprob_mean_abs_diff']:.1e}" for r in rows])
     assert (run / "checkpoints" / "step_000003").is_dir() and (run / "selected.json").exists()

@@ -67,11 +67,13 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
     assert "step 4:" in proc.stdout + proc.stderr
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    for key in ("reward_mean", "reward_max", "reward_std", "adv_std", "kl", "loss", "grad_norm", "gen_len_mean",
+    for key in ("reward_mean", "reward_max", "reward_std", "adv_std", "kl", "kl_loss", "loss", "grad_norm", "grad_clipped",
+                "prompts", "optimizer_step", "gen_len_mean",
                 "time_generate", "time_reward", "time_ref_logprobs", "time_train", "tokens_per_s"):
         assert key in rows[0], key
     assert all(r["grad_norm"] > 0 for r in rows)
-    assert rows[-1]["kl"] > 0  # the policy moved away from the reference
+    assert rows[-1]["kl_loss"] > 0  # the policy moved away from the reference (k2: ½ d², not a signed sample mean)
+    assert all(r["prompts"] == 2 and r["optimizer_step"] == r["step"] for r in rows)
     val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [0, 2, 4]  # step 0: the untrained policy's baseline
     selected = json.loads((run / "selected.json").read_text())
@@ -112,6 +114,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
     tea_train(rec, run, tmp_path)
     rows, ref_rows = metrics(run), metrics(reference)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # nothing duplicated, nothing lost
+    assert [r["optimizer_step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # the update counter comes back with the state
     for a, b in zip(rows, ref_rows):
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], rel=1e-5), a["step"]
     final, ref_final = load_weights(run / "checkpoints" / "step_000006"), load_weights(reference / "checkpoints" / "step_000006")
@@ -184,7 +187,7 @@ def test_lora_trains_adapters_and_saves_merged_weights(assets, tmp_path):
     tea_train(rec, run, tmp_path)
     rows = metrics(run)
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # reference = the same model with adapters disabled
-    assert rows[1]["kl"] > 0
+    assert rows[1]["kl_loss"] > 0
     ckpt = run / "checkpoints" / "step_000002"
     after, before = load_weights(ckpt), load_weights(assets / "policy")
     assert set(after) == set(before)  # plain model names: no PEFT prefixes, no lora_ tensors
