@@ -125,7 +125,7 @@ class DataConfig:
     dir: str = field("", "Directory written by `tea prepare-data` (train.jsonl, val.jsonl, heldout.jsonl, core*.jsonl), or `builtin`: the packaged prompt set, prepared into $TEA_CACHE/data/builtin on first use.")
     train_split: str = field("train", "Split file used for training prompts.")
     val_split: str = field("val", "Split file used for checkpoint validation.")
-    max_prompt_tokens: int = field(1024, "Prompts longer than this (after the chat template) are skipped, and counted.", ge=8)
+    max_prompt_tokens: int = field(1024, "Prompts longer than this (after the chat template) are dropped from both splits at setup, counted in data.json and warned about.", ge=8)
 
 
 @dataclass
@@ -158,7 +158,7 @@ class OptimConfig:
     warmup_steps: int = field(0, "Linear warm-up steps.", ge=0)
     scheduler: Literal["constant", "cosine", "linear"] = field("constant", "Learning-rate schedule after warm-up.")
     max_grad_norm: float = field(1.0, "Gradient clipping norm (0 = off).", ge=0.0)
-    micro_batch_size: int = field(8, "Sequences per forward/backward; gradients accumulate over the step's P*m sequences.", ge=1)
+    micro_batch_size: int = field(8, "At most this many sequences per forward/backward: a rank's P*m/W sequences are split evenly into ceil(P*m/W / this) length-sorted micro-batches, one optimizer update per step.", ge=1)
 
 
 @dataclass
@@ -168,7 +168,7 @@ class KLConfig:
         "k2",
         "KL term: k2 = ½(log π(y) − log π_ref(y))² of the sequence log-ratio in the loss (expected gradient ∇KL(π‖π_ref), "
         "the paper's); k1_penalty = β·(log π(y) − log π_ref(y)) subtracted from the advantage (same gradient); "
-        "grpo_k3 = GRPO's per-token k3 in the loss (expected gradient: KL(π_ref‖π) per position, the other direction).",
+        "grpo_k3 = GRPO's per-token k3 in the loss (expected gradient ∇KL(π_ref‖π) per position: the other direction).",
     )
 
 
