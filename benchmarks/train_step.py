@@ -6,7 +6,7 @@
     torchrun --nproc_per_node 2 benchmarks/train_step.py --zero 3
 
 Standard workload (the issue's): 4 prompts of 128 tokens x m = 64 completions x 256 new tokens
-per step, beta = 0.1 (k3), bf16 with fp32 master weights, gradient checkpointing, TEA advantages,
+per step, beta = 0.1 (kl.estimator k2), bf16 with fp32 master weights, gradient checkpointing, TEA advantages,
 eager attention. The model is random-initialised from Llama-3.2-1B's shape (hidden 2048,
 16 layers, 32/8 heads, vocab 128,256, tied embeddings), so no download is needed; the reward is a
 cheap deterministic function of the text (the reward-model phase is not what this measures).
