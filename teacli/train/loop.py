@@ -54,7 +54,7 @@ def prompt_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-def step_prompts(prompts: list["Prompt"], step: int, per_step: int, seed: int) -> list["Prompt"]:
+def step_prompts(prompts: list[Any], step: int, per_step: int, seed: int) -> list[Any]:
     """The prompts of global step `step` (deterministic in step, so resume replays nothing twice)."""
     n = len(prompts)
     start = step * per_step
@@ -172,6 +172,7 @@ def _setup(recipe: "Recipe", world):
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     tokenizer = models.load_tokenizer(recipe.policy)
+    train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
     if recipe.policy.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -188,7 +189,6 @@ def _setup(recipe: "Recipe", world):
 
         policy = apply_lora(policy, recipe.policy.lora)
 
-    train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)
     reward = build_reward(recipe.reward, device=world.device, tokenizer=tokenizer)
 
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
@@ -408,15 +408,16 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 **stats,
                 "lr": float(engine.get_lr()[0]),
                 "gen_len_mean": float(lengths.mean()), "gen_finished_frac": float(sum(c.finished for g in groups for c in g) / lengths.numel()),
-                "prompts": len(prompts) * world.world_size,  # the mean over ranks is then the total
+                "prompts": len(prompts),
                 "time_generate": t_gen, "time_reward": t_rew, "time_ref_logprobs": t_ref, "time_train": t_train, "time_sync": t_sync,
                 "time_step": elapsed, "tokens_per_s": float(lengths.sum()) * world.world_size / max(t_gen, 1e-9),
                 **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
             }
+            # The norm is global (the same on every rank), and so is whether the clip bound.
+            record["grad_clipped"] = recipe.optim.max_grad_norm > 0 and stats["grad_norm"] > recipe.optim.max_grad_norm
             local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
-            # Counts stay integers; the norm is global (the same on every rank), so is whether the clip bound.
-            record["prompts"], record["optimizer_step"] = round(record["prompts"]), round(record["optimizer_step"])
-            record["grad_clipped"] = recipe.optim.max_grad_norm > 0 and record["grad_norm"] > recipe.optim.max_grad_norm
+            record["prompts"] = round(record["prompts"] * world.world_size)  # all ranks together
+            record["optimizer_step"], record["grad_clipped"] = round(record["optimizer_step"]), record["grad_clipped"] > 0.5
             sink.write(record, local=local)
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
