@@ -40,6 +40,16 @@ class RecipeError(ValueError):
     """A recipe problem, naming the dotted key and the file that set it."""
 
 
+# Values a key used to accept: loading one says why it is refused and what to write instead.
+REMOVED_VALUES: dict[tuple[str, Any], str] = {
+    ("kl.estimator", "k1"): "is refused: k1 (log π − log π_ref) in the loss has expected gradient zero, so it does not "
+    "regularise at all; use k2 (the default: expected gradient ∇KL(π‖π_ref), the paper's) or k1_penalty "
+    "(the same KL as a stop-gradient reward penalty)",
+    ("kl.estimator", "k3"): "was renamed grpo_k3: GRPO's per-token k3 in the loss, whose value estimates KL(π‖π_ref) but "
+    "whose expected gradient is that of KL(π_ref‖π), the other direction; use k2 (the default) for the paper's "
+    "gradient ∇KL(π‖π_ref), or write grpo_k3 to keep GRPO's convention",
+}
+
 # Keys that recipes used to have: loading one says what to write instead.
 REMOVED_KEYS: dict[str, str] = {
     "logging.tensorboard": "was replaced by logging.report_to; write `report_to: [tensorboard]` for true, `report_to: []` for false",
@@ -115,7 +125,7 @@ class DataConfig:
     dir: str = field("", "Directory written by `tea prepare-data` (train.jsonl, val.jsonl, heldout.jsonl, core*.jsonl), or `builtin`: the packaged prompt set, prepared into $TEA_CACHE/data/builtin on first use.")
     train_split: str = field("train", "Split file used for training prompts.")
     val_split: str = field("val", "Split file used for checkpoint validation.")
-    max_prompt_tokens: int = field(1024, "Prompts longer than this (after the chat template) are skipped, and counted.", ge=8)
+    max_prompt_tokens: int = field(1024, "Prompts longer than this (after the chat template) are dropped from both splits at setup, counted in data.json and warned about.", ge=8)
 
 
 @dataclass
@@ -164,13 +174,18 @@ class OptimConfig:
     warmup_steps: int = field(0, "Linear warm-up steps.", ge=0)
     scheduler: Literal["constant", "cosine", "linear"] = field("constant", "Learning-rate schedule after warm-up.")
     max_grad_norm: float = field(1.0, "Gradient clipping norm (0 = off).", ge=0.0)
-    micro_batch_size: int = field(8, "Sequences per forward/backward; gradients accumulate over the step's P*m sequences.", ge=1)
+    micro_batch_size: int = field(8, "At most this many sequences per forward/backward: a rank's P*m/W sequences are split evenly into ceil(P*m/W / this) length-sorted micro-batches, one optimizer update per step.", ge=1)
 
 
 @dataclass
 class KLConfig:
     beta: float = field(0.1, "KL coefficient (paper: 0.1); 0 disables the reference model.", ge=0.0)
-    estimator: Literal["k1", "k2", "k3"] = field("k3", "Per-token KL estimator in the loss (Schulman's k1/k2/k3).")
+    estimator: Literal["k2", "k1_penalty", "grpo_k3"] = field(
+        "k2",
+        "KL term: k2 = ½(log π(y) − log π_ref(y))² of the sequence log-ratio in the loss (expected gradient ∇KL(π‖π_ref), "
+        "the paper's); k1_penalty = β·(log π(y) − log π_ref(y)) subtracted from the advantage (same gradient); "
+        "grpo_k3 = GRPO's per-token k3 in the loss (expected gradient ∇KL(π_ref‖π) per position: the other direction).",
+    )
 
 
 @dataclass
@@ -554,6 +569,8 @@ def _coerce(tp: Any, value: Any, origin: dict[str, str], key: str) -> Any:
                 errors.append(str(exc))
         raise RecipeError(errors[0]) if len(errors) == 1 else RecipeError(f"{key}: {value!r} has the wrong type{where}")
     if org is Literal:
+        if isinstance(value, str) and (key, value) in REMOVED_VALUES:
+            raise RecipeError(f"{key}: {value!r}{where} {REMOVED_VALUES[key, value]}")
         if value not in typing.get_args(tp):
             raise RecipeError(f"{key}: {value!r} is not {_type_name(tp)}{where}")
         return value

@@ -7,6 +7,7 @@ and imports only the standard library (docs/architecture.md):
     runs/<name>/metrics.jsonl          one line per training step
     runs/<name>/validation.jsonl       one line per validated checkpoint (step 0 = the untrained policy)
     runs/<name>/selected.json          {"step", "path", "score", "rule"}: the validation-selected checkpoint
+    runs/<name>/data.json              the prompts kept and dropped (over data.max_prompt_tokens) per split, at setup
     runs/<name>/trackers.json          the experiment trackers' run ids (W&B, MLflow), so a resume continues them
     runs/<name>/ranks.jsonl            with logging.per_rank: one line per rank and step, before averaging
     runs/<name>/checkpoints/step_000025/   HF model + tokenizer + recipe.yaml + trainer/ (resume state)
@@ -73,6 +74,7 @@ class RunDir:
         self.selected = self.path / "selected.json"
         self.recipe = self.path / "recipe.yaml"
         self.trackers = self.path / "trackers.json"
+        self.data = self.path / "data.json"
         self.ranks = self.path / "ranks.jsonl"
 
     # -- checkpoints ------------------------------------------------------------------------

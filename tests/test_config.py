@@ -63,7 +63,7 @@ def test_wrong_type_and_range_name_key_and_file(tmp_path):
     with pytest.raises(RecipeError, match=r"rollout.top_p: 1.5 is out of range: must be <= 1.0"):
         load_recipe(bad_range)
     bad_choice = write(tmp_path / "l.yaml", "kl: {estimator: k9}\n")
-    with pytest.raises(RecipeError, match=r"kl.estimator: 'k9' is not one of 'k1', 'k2', 'k3'"):
+    with pytest.raises(RecipeError, match=r"kl.estimator: 'k9' is not one of 'k2', 'k1_penalty', 'grpo_k3'"):
         load_recipe(bad_choice)
 
 

@@ -124,6 +124,29 @@ def build_engine(model, recipe: "Recipe", world: World, grad_accum: int, precisi
     return engine
 
 
+def pre_step_grad_norm(engine) -> float | None:
+    """The global gradient norm before clipping, for an engine whose optimizer does not report it.
+
+    Call after the accumulation boundary's backward and before its `step()`. ZeRO and the bf16
+    optimizer compute the pre-clip norm themselves (`get_global_grad_norm()` after the step); plain
+    fp32 without ZeRO clips with torch and keeps no norm, so it is taken here from the gradients,
+    which the boundary's backward has already averaged over ranks. None when the engine reports it.
+    """
+    import torch
+
+    if engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled():
+        return None
+    grads = [p.grad.detach().float() for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def optimizer_steps(engine) -> int:
+    """The optimizer updates the engine has applied (DeepSpeed's global_steps, restored on resume)."""
+    return int(engine.global_steps)
+
+
 def lr_schedule(kind: str, warmup: int, total: int):
     import math
 

@@ -39,7 +39,6 @@ class Round:
     prompt_ids: list[list[int]]
     groups: list[list[Any]]
     rewards: "Tensor"  # [p, m]
-    skipped: int = 0
     time_generate: float = 0.0
     time_reward: float = 0.0
 

@@ -3,7 +3,11 @@
 One step (paper, "Training interface"): sample P prompts → m rollouts each from the current
 policy → score with the reward model → advantages A = rule(rewards[P, m]) → the policy gradient
 (1/m)·Σ A_i ∇log π(y_i|x) with A as stop-gradient weights, plus β·KL to the frozen reference →
-one optimizer step. Every `save_every` steps: validate (128 prompts × 32 samples, mean of the
+one optimizer step. The train and validation splits are chat-templated and filtered by
+`data.max_prompt_tokens` once, at setup, so every step trains on exactly P prompts, and the step's
+sequences are cut into exactly the engine's gradient-accumulation count of micro-batches: each
+step is one optimizer update, whatever the lengths (metrics.jsonl `optimizer_step` == `step`).
+Every `save_every` steps: validate (128 prompts × 32 samples, mean of the
 top-10 rewards per prompt) and save an HF checkpoint with the trainer state; the best validated
 checkpoint is named in selected.json. Re-running on the same run directory resumes from the last
 complete checkpoint with the same data order and RNG.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -49,7 +54,7 @@ def prompt_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-def stream_prompts(prompts: list["Prompt"], start: int, count: int, seed: int) -> list["Prompt"]:
+def stream_prompts(prompts: list[Any], start: int, count: int, seed: int) -> list[Any]:
     """The prompts at positions [start, start + count) of the run's data stream: epoch after epoch
     of seeded permutations, so a position always names the same prompt (resume replays nothing twice)."""
     n = len(prompts)
@@ -60,19 +65,76 @@ def stream_prompts(prompts: list["Prompt"], start: int, count: int, seed: int) -
     return out
 
 
-def encode_prompts(tokenizer, prompts: list["Prompt"], max_tokens: int) -> tuple[list["Prompt"], list[list[int]], int]:
-    """Chat-template each prompt; drop (and count) prompts over `max_tokens`."""
+def encode_prompts(tokenizer, prompts: list["Prompt"], max_tokens: int) -> tuple[list[tuple["Prompt", list[int]]], list[int]]:
+    """Chat-template each prompt: (prompt, token ids) of those within `max_tokens`, and the dropped ones' lengths."""
     from teacli.models import encode_chat
 
-    kept, ids, skipped = [], [], 0
+    kept, dropped = [], []
     for p in prompts:
-        toks = encode_chat(tokenizer, p.messages, add_generation_prompt=True)
+        toks = list(encode_chat(tokenizer, p.messages, add_generation_prompt=True))
         if len(toks) > max_tokens:
-            skipped += 1
-            continue
-        kept.append(p)
-        ids.append(list(toks))
-    return kept, ids, skipped
+            dropped.append(len(toks))
+        else:
+            kept.append((p, toks))
+    return kept, dropped
+
+
+def encode_splits(tokenizer, recipe: "Recipe") -> tuple[list[tuple["Prompt", list[int]]], list[tuple["Prompt", list[int]]], dict[str, Any]]:
+    """The train split and the validation prompts, encoded and filtered once; what was dropped (data.json).
+
+    Validation uses the first `validation.prompts` prompts of the val split that fit. Too few prompts
+    left for a step (or for validation) is a TrainError naming the key.
+    """
+    from teacli.data.load import load_split
+
+    d = recipe.data
+    limit = d.max_prompt_tokens
+    train, train_dropped = encode_prompts(tokenizer, load_split(d.dir, d.train_split), limit)
+    val_all, val_dropped = encode_prompts(tokenizer, load_split(d.dir, d.val_split), limit) if recipe.validation.enabled else ([], [])
+    val = val_all[: recipe.validation.prompts]
+    report: dict[str, Any] = {"max_prompt_tokens": limit}
+    for name, split, kept, dropped in (("train", d.train_split, train, train_dropped), ("validation", d.val_split, val_all, val_dropped)):
+        report[name] = {"split": split, "prompts": len(kept) + len(dropped), "kept": len(kept), "dropped": len(dropped),
+                        "longest_dropped_tokens": max(dropped, default=0)}
+    needs = [("rollout.prompts_per_step", recipe.rollout.prompts_per_step, "train", train)]
+    if recipe.validation.enabled:
+        needs.append(("validation.prompts", recipe.validation.prompts, "validation", val_all))
+    for key, need, name, kept in needs:
+        if len(kept) < need:
+            r = report[name]
+            why = (f"; {r['dropped']} are longer than data.max_prompt_tokens={limit} (longest {r['longest_dropped_tokens']} tokens): "
+                   f"raise data.max_prompt_tokens" if r["dropped"] else "")
+            raise TrainError(f"{key}={need} needs {need} prompts, but data.{'train_split' if name == 'train' else 'val_split'} "
+                             f"{r['split']!r} of data.dir has {r['kept']} of {r['prompts']} usable{why} or lower {key}")
+    report["validation"]["used"] = len(val)
+    return train, val, report
+
+
+def dropped_warning(report: dict[str, Any]) -> str | None:
+    """One line on what encode_splits dropped (None when nothing was)."""
+    parts = [f"{report[n]['dropped']} of {report[n]['prompts']} {n} prompts" for n in ("train", "validation") if report[n]["dropped"]]
+    if not parts:
+        return None
+    longest = max(report[n]["longest_dropped_tokens"] for n in ("train", "validation"))
+    return (f"warning: dropped {' and '.join(parts)} longer than data.max_prompt_tokens={report['max_prompt_tokens']} tokens "
+            f"after the chat template (longest {longest}); raise data.max_prompt_tokens to train on them")
+
+
+def micro_batches(lengths: list[int], n: int) -> list[list[int]]:
+    """Exactly `n` micro-batches of sequence indices: sorted by length, then split evenly.
+
+    Sizes differ by at most one (the shorter sequences get the larger batches); with fewer sequences
+    than `n`, the last ones are empty. Exactly `n` backward passes make the last one DeepSpeed's
+    gradient-accumulation boundary by construction, whatever the number of sequences.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    q, r = divmod(len(order), n)
+    out, start = [], 0
+    for k in range(n):
+        size = q + (k < r)
+        out.append(order[start : start + size])
+        start += size
+    return out
 
 
 def pack(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", int]:
@@ -103,7 +165,6 @@ def _setup(recipe: "Recipe", world):
     import torch
 
     from teacli import models
-    from teacli.data.load import load_split
     from teacli.rewards import build_reward
     from teacli.rollout.factory import build_engine as build_rollout
     from teacli.train import backend
@@ -111,6 +172,7 @@ def _setup(recipe: "Recipe", world):
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     tokenizer = models.load_tokenizer(recipe.policy)
+    train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
     if recipe.policy.gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -127,8 +189,6 @@ def _setup(recipe: "Recipe", world):
 
         policy = apply_lora(policy, recipe.policy.lora)
 
-    train_prompts = load_split(recipe.data.dir, recipe.data.train_split)
-    val_prompts = load_split(recipe.data.dir, recipe.data.val_split)[: recipe.validation.prompts]
     reward = build_reward(recipe.reward, device=world.device, tokenizer=tokenizer)
 
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
@@ -141,15 +201,15 @@ def _setup(recipe: "Recipe", world):
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
     )  # the options reach the vllm engine only
-    return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout
+    return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report
 
 
 # ------------------------------------------------------------------------------------------------
 # The step
 
 
-def generate_and_score(rollout, tokenizer, reward, prompts, recipe, n: int, seed: int):
-    """m completions per prompt and their rewards [P, n]; prompts over the length limit are dropped."""
+def generate_and_score(rollout, reward, batch, recipe, n: int, seed: int):
+    """n completions per prompt of `batch` ((prompt, token ids) pairs from encode_splits) and their rewards [P, n]."""
     import torch
 
     from teacli.rewards import checked_score
@@ -157,9 +217,7 @@ def generate_and_score(rollout, tokenizer, reward, prompts, recipe, n: int, seed
 
     r = recipe.rollout
     sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
-    prompts, prompt_ids, skipped = encode_prompts(tokenizer, prompts, recipe.data.max_prompt_tokens)
-    if not prompts:
-        raise TrainError(f"every prompt of this batch exceeds data.max_prompt_tokens={recipe.data.max_prompt_tokens}")
+    prompts, prompt_ids = [p for p, _ in batch], [ids for _, ids in batch]
     t0 = time.perf_counter()
     groups: list[list[Completion]] = rollout.generate(prompt_ids, n, sampling, seed)
     t1 = time.perf_counter()
@@ -167,13 +225,13 @@ def generate_and_score(rollout, tokenizer, reward, prompts, recipe, n: int, seed
     flat_text = [c.text for g in groups for c in g]
     rewards = checked_score(reward, flat_prompts, flat_text).reshape(len(prompts), n).to(torch.float32)
     t2 = time.perf_counter()
-    return prompts, prompt_ids, groups, rewards, skipped, t1 - t0, t2 - t1
+    return prompts, prompt_ids, groups, rewards, t1 - t0, t2 - t1
 
 
-def generate_step(rollout, tokenizer, reward, train_prompts, recipe, world, step: int, position: int):
+def generate_step(rollout, reward, train_prompts, recipe, world, step: int, position: int):
     """This rank's groups of one step, from data position `position` (teacli.train.dynamic).
 
-    Returns (Selection, the data position after the step, skipped prompts, generation and reward seconds).
+    Returns (Selection, the data position after the step, generation and reward seconds).
     Without rollout.dynamic_sampling: this rank's share of the P prompts at `position`, all kept.
     """
     import torch
@@ -187,10 +245,8 @@ def generate_step(rollout, tokenizer, reward, train_prompts, recipe, world, step
         batch = stream_prompts(train_prompts, start, count, recipe.seed)
         # Round 0's seed is the step's; extra rounds get their own streams.
         seed = recipe.seed * 1_000_003 + step * 131 + world.rank + k * 1_000_000_007
-        prompts, prompt_ids, groups, rewards, skipped, t_gen, t_rew = generate_and_score(
-            rollout, tokenizer, reward, batch, recipe, r.group_size, seed=seed
-        )
-        return dynamic.Round(prompts, prompt_ids, groups, rewards, skipped, t_gen, t_rew)
+        prompts, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, batch, recipe, r.group_size, seed=seed)
+        return dynamic.Round(prompts, prompt_ids, groups, rewards, t_gen, t_rew)
 
     rounds, position = dynamic.collect(
         run_round, want=local_P, position=position, world_size=world.world_size, rank=world.rank,
@@ -201,8 +257,7 @@ def generate_step(rollout, tokenizer, reward, train_prompts, recipe, world, step
     else:
         (rd,) = rounds
         sel = dynamic.Selection(rd.prompts, rd.prompt_ids, rd.groups, rd.rewards, torch.zeros(len(rd.groups), dtype=torch.bool))
-    skipped = sum(rd.skipped for rd in rounds)
-    return sel, position, skipped, sum(rd.time_generate for rd in rounds), sum(rd.time_reward for rd in rounds)
+    return sel, position, sum(rd.time_generate for rd in rounds), sum(rd.time_reward for rd in rounds)
 
 
 def _ref_logprobs(reference, engine, input_ids, attn, lp):
@@ -218,13 +273,15 @@ def _ref_logprobs(reference, engine, input_ids, attn, lp):
 
 
 def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device, is_level: str = "off") -> dict[str, float]:
-    """Micro-batched forward/backward over the step's sequences, then one optimizer step.
+    """Forward/backward over the step's sequences in exactly gradient_accumulation_steps() micro-batches
+    (length-sorted, each padded to its own longest prompt and completion), hence exactly one optimizer update.
 
+    Adds `grad_norm` (the global norm before clipping) and `optimizer_step` (the engine's update count).
     is_level (token/sequence): weight the policy-gradient terms by the truncated ratio of the
     trainer's to the sampler's log-probs (teacli.train.importance); "off": no correction.
     """
     from teacli.logprobs import token_logprobs
-    from teacli.train import importance
+    from teacli.train import backend, importance
     from teacli.train.loss import policy_loss
 
     seq_prompt = [prompt_ids[p] for p, g in enumerate(groups) for _ in g]
@@ -233,31 +290,39 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     seq_rollout_logp = [c.logprobs for g in groups for c in g]
     log_ratios: list = []
     total = len(seq_comp)
-    mb = recipe.optim.micro_batch_size
+    if total == 0:
+        raise ValueError("train_step: no sequences to train on")
+    n_micro = engine.gradient_accumulation_steps()
+    batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro)
     stats: dict[str, float] = {}
-    t_ref = 0.0
+    t_ref, grad_norm = 0.0, None
     engine.train()
-    for start in range(0, total, mb):
-        sl = slice(start, start + mb)
-        input_ids, attn, cmask, lp = pack(seq_prompt[sl], seq_comp[sl], pad_id, device)
+    for k, idx in enumerate(batches):
+        # Fewer sequences than micro-batches: a zero-weight pass over the shortest one keeps the count.
+        weight = 1.0 if idx else 0.0
+        idx = idx or batches[0][:1]
+        input_ids, attn, cmask, lp = pack([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, device)
         t0 = time.perf_counter()
         ref = _ref_logprobs(reference, engine, input_ids, attn, lp) if reference is not None else None
         t_ref += time.perf_counter() - t0
         logp = token_logprobs(engine, input_ids, attn, lp)
         weights = None
         if is_level != "off":
-            rollout_logp = importance.pack_rollout_logprobs(seq_rollout_logp[sl], cmask.shape[1], device)
+            rollout_logp = importance.pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1], device)
             weights, lr = importance.is_weights(logp, rollout_logp, cmask, is_level, recipe.rollout.is_cap)
             log_ratios.append(lr)
         # DeepSpeed divides by gradient_accumulation_steps; scale so the step averages over `total`.
-        loss, s = policy_loss(logp, cmask, seq_adv[sl].to(device), ref, recipe.kl.beta, recipe.kl.estimator, total, is_weights=weights)
-        engine.backward(loss * engine.gradient_accumulation_steps())
+        loss, s = policy_loss(logp, cmask, seq_adv[idx].to(device), ref, recipe.kl.beta, recipe.kl.estimator, total, is_weights=weights)
+        engine.backward(loss * (weight * n_micro))
+        if k == n_micro - 1:
+            grad_norm = backend.pre_step_grad_norm(engine)
         engine.step()
-        for k, v in s.items():
-            stats[k] = stats.get(k, 0.0) + v  # each term is already divided by `total`
-    # ceil(total / micro_batch_size) == gradient_accumulation_steps, so the last call stepped.
-    grad_norm = engine.get_global_grad_norm()
+        for key, v in s.items():
+            stats[key] = stats.get(key, 0.0) + weight * v  # each term is already divided by `total`
+    if grad_norm is None:
+        grad_norm = engine.get_global_grad_norm()
     stats["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+    stats["optimizer_step"] = backend.optimizer_steps(engine)
     stats["time_ref_logprobs"] = t_ref
     if is_level != "off":
         stats.update(importance.is_stats(importance.merge_log_ratios(log_ratios), recipe.rollout.is_cap))
@@ -268,13 +333,13 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
 # Validation and checkpoints
 
 
-def validate(rollout, tokenizer, reward, val_prompts, recipe, seed: int) -> dict[str, Any]:
+def validate(rollout, reward, val_prompts, recipe, seed: int) -> dict[str, Any]:
     """The paper's selection score: mean over prompts of the mean of the top-k rewards of n samples."""
     v = recipe.validation
-    prompts, _, _, rewards, skipped, _, _ = generate_and_score(rollout, tokenizer, reward, val_prompts, recipe, v.samples, seed)
+    prompts, _, _, rewards, _, _ = generate_and_score(rollout, reward, val_prompts, recipe, v.samples, seed)
     top = rewards.topk(min(v.top, rewards.shape[1]), dim=1).values.mean(dim=1)
     return {"score": float(top.mean()), "prompts": len(prompts), "samples": v.samples, "top": v.top,
-            "reward_mean": float(rewards.mean()), "skipped_prompts": skipped,
+            "reward_mean": float(rewards.mean()),
             "rule": f"mean of top-{v.top} of {v.samples} samples, {len(prompts)} prompts"}
 
 
@@ -325,7 +390,11 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
 
-    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout = _setup(recipe, world)
+    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report = _setup(recipe, world)
+    if world.is_main:
+        write_text_atomic(run.data, json.dumps(data_report, indent=2) + "\n")
+        if (warning := dropped_warning(data_report)) is not None:
+            print(warning, file=sys.stderr, flush=True)
     start = 0
     if resume is not None:
         step_done, path = resume
@@ -352,7 +421,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
         if start == 0 and recipe.validation.enabled and recipe.validation.at_start and not has_baseline:
             # The untrained policy's score: the baseline every checkpoint is compared with.
             phase = "validation (validation.samples, rollout.batch_size)"
-            result = _validation(engine, rollout, tokenizer, reward, val_prompts, recipe)
+            result = _validation(engine, rollout, reward, val_prompts, recipe)
             if world.is_main:
                 sink.validation({"step": 0, **result})
                 sink.note(f"step 0 (untrained policy): validation {result['score']:.4f}")
@@ -361,9 +430,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
             phase = "generation (rollout.batch_size, rollout.max_new_tokens)"
             rollout.wake()
             with backend.generation_weights(engine, recipe.backend.zero_stage):
-                sel, position, skipped, t_gen, t_rew = generate_step(
-                    rollout, tokenizer, reward, train_prompts, recipe, world, step, position
-                )
+                sel, position, t_gen, t_rew = generate_step(rollout, reward, train_prompts, recipe, world, step, position)
             rollout.sleep()
             prompt_ids, groups, rewards = sel.prompt_ids, sel.groups, sel.rewards
             try:
@@ -392,13 +459,17 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 **stats,
                 "lr": float(engine.get_lr()[0]),
                 "gen_len_mean": float(lengths.mean()), "gen_finished_frac": float(sum(c.finished for g in groups for c in g) / lengths.numel()),
-                "skipped_prompts": skipped,
+                "prompts": len(sel.groups),
                 "time_generate": t_gen, "time_reward": t_rew, "time_ref_logprobs": t_ref, "time_train": t_train, "time_sync": t_sync,
                 "time_step": elapsed, "tokens_per_s": float(lengths.sum()) * world.world_size / max(t_gen, 1e-9),
                 **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
                 **sel.stats,  # dynamic sampling: rounds, dropped and filled groups
             }
+            # The norm is global (the same on every rank), and so is whether the clip bound.
+            record["grad_clipped"] = recipe.optim.max_grad_norm > 0 and stats["grad_norm"] > recipe.optim.max_grad_norm
             local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
+            record["prompts"] = round(record["prompts"] * world.world_size)  # all ranks together
+            record["optimizer_step"], record["grad_clipped"] = round(record["optimizer_step"]), record["grad_clipped"] > 0.5
             sink.write(record, local=local)
             if world.is_main and record.get("dynamic_filled_groups", 0) > 0:
                 sink.note(
@@ -425,7 +496,7 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     from teacli.train import backend
 
     if recipe.validation.enabled:
-        result = _validation(engine, rollout, tokenizer, reward, val_prompts, recipe)
+        result = _validation(engine, rollout, reward, val_prompts, recipe)
     # data_position: prompts of the data order consumed so far (step × P unless dynamic sampling drew more).
     save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": position})
     if world.is_main:
@@ -437,13 +508,13 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     backend.barrier()
 
 
-def _validation(engine, rollout, tokenizer, reward, val_prompts, recipe) -> dict[str, Any]:
+def _validation(engine, rollout, reward, val_prompts, recipe) -> dict[str, Any]:
     from teacli.train import backend
 
     rollout.wake()
     with backend.generation_weights(engine, recipe.backend.zero_stage):
         # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
-        result = validate(rollout, tokenizer, reward, val_prompts, recipe, seed=recipe.seed + 7)
+        result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
     rollout.sleep()
     return backend.broadcast_object(result)
 

@@ -77,8 +77,8 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def numeric(record: dict[str, Any]) -> dict[str, float]:
-    """The fields of a metrics/validation record that a tracker can plot (all but step and strings)."""
-    return {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """The fields of a metrics/validation record that a tracker can plot (all but step and strings; a flag as 0/1)."""
+    return {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -435,7 +435,7 @@ def test_tea_train_with_the_vllm_engine(train_assets, tmp_path, processes, zero_
         assert r["sync_logprob_mean_abs_diff"] < 1e-4 and r["sync_tokens_checked"] > 0, r
         # rollout.is_correction: auto = token-level with vllm; fp32 on both sides, so the ratios are ≈ 1
         assert abs(r["is_ratio_mean"] - 1) < 1e-3 and r["is_truncated_frac"] == 0, r
-    assert rows[-1]["kl"] > 0  # the policy moved, and the pushes followed it
+    assert rows[-1]["kl_loss"] > 0  # the policy moved, and the pushes followed it
     print(f"tea train (vllm, {processes} process(es), ZeRO-{zero_stage}, lora={lora}): sync mean gaps",
           [f"{r['sync_logprob_mean_abs_diff']:.1e}" for r in rows])
     assert (run / "checkpoints" / "step_000003").is_dir() and (run / "selected.json").exists()

@@ -80,8 +80,10 @@ def test_two_nodes_train_two_zero2_steps_and_agree(assets, tmp_path):
             assert pair[0][key] == pytest.approx(pair[1][key], rel=1e-6), key
         # metrics.jsonl is the mean over the two nodes of each rank's own value (the all-reduce across nodes).
         for key in m:
-            if key != "step":
+            if key not in ("step", "prompts"):
                 assert m[key] == pytest.approx((pair[0][key] + pair[1][key]) / 2, rel=1e-6, abs=1e-9), key
+        # ... but for `prompts`, the step's total (P): each node trained on its P/W.
+        assert m["prompts"] == pair[0]["prompts"] + pair[1]["prompts"] == 2 and m["optimizer_step"] == m["step"]
     # The nodes scored different prompts (P/W each), so the mean above is a real average of two values.
     assert any(ranks[i]["reward_mean"] != ranks[i + 1]["reward_mean"] for i in (0, 2))
     assert [v["step"] for v in jsonl(run / "validation.jsonl")] == [0, 2]

@@ -67,11 +67,13 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
     assert "step 4:" in proc.stdout + proc.stderr
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    for key in ("reward_mean", "reward_max", "reward_std", "adv_std", "kl", "loss", "grad_norm", "gen_len_mean",
+    for key in ("reward_mean", "reward_max", "reward_std", "adv_std", "kl", "kl_loss", "loss", "grad_norm", "grad_clipped",
+                "prompts", "optimizer_step", "gen_len_mean",
                 "time_generate", "time_reward", "time_ref_logprobs", "time_train", "tokens_per_s"):
         assert key in rows[0], key
     assert all(r["grad_norm"] > 0 for r in rows)
-    assert rows[-1]["kl"] > 0  # the policy moved away from the reference
+    assert rows[-1]["kl_loss"] > 0  # the policy moved away from the reference (k2: ½ d², not a signed sample mean)
+    assert all(r["prompts"] == 2 and r["optimizer_step"] == r["step"] for r in rows)
     assert not any(k.startswith(("dynamic_", "is_")) for k in rows[0])  # both off: hf engine, no dynamic sampling
     assert json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())["data_position"] == 4 * 2
     val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
@@ -119,7 +121,7 @@ def test_dynamic_sampling_drops_flat_groups_and_resumes_exactly(assets, tmp_path
     assert all(r["dynamic_filled_groups"] == 0 for r in ref_rows)
     assert all(r["adv_nonzero_frac"] > 0.9 for r in ref_rows)  # every trained group carries signal
     # Prompts drawn in steps 1-2: the P = 2 trained groups of each, plus every dropped (or surplus, or skipped) one.
-    drawn = sum(2 + r["dynamic_dropped_groups"] + r["dynamic_surplus_groups"] + r["skipped_prompts"] for r in ref_rows[:2])
+    drawn = sum(2 + r["dynamic_dropped_groups"] + r["dynamic_surplus_groups"] for r in ref_rows[:2])
     state = json.loads((reference / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
     assert state["data_position"] == drawn > 4
 
@@ -170,6 +172,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
     tea_train(rec, run, tmp_path)
     rows, ref_rows = metrics(run), metrics(reference)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # nothing duplicated, nothing lost
+    assert [r["optimizer_step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # the update counter comes back with the state
     for a, b in zip(rows, ref_rows):
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], rel=1e-5), a["step"]
     final, ref_final = load_weights(run / "checkpoints" / "step_000006"), load_weights(reference / "checkpoints" / "step_000006")
@@ -211,8 +214,8 @@ def test_dynamic_sampling_two_processes_agree_on_rounds(assets, tmp_path):
         r0, r1 = (r for r in ranks if r["step"] == step)
         assert r0["dynamic_extra_rounds"] == r1["dynamic_extra_rounds"]
         assert r0["dynamic_filled_groups"] == r1["dynamic_filled_groups"] == 0
-        # both ranks drew the same number of prompts this step: kept (2 each) + dropped + surplus + skipped
-        n0, n1 = ((2 + r["dynamic_dropped_groups"] + r["dynamic_surplus_groups"] + r["skipped_prompts"]) for r in (r0, r1))
+        # both ranks drew the same number of prompts this step: kept (2 each) + dropped + surplus
+        n0, n1 = ((2 + r["dynamic_dropped_groups"] + r["dynamic_surplus_groups"]) for r in (r0, r1))
         assert n0 == n1
         drawn += n0 + n1
     assert sum(r["dynamic_dropped_groups"] for r in ranks) > 0
@@ -269,7 +272,7 @@ def test_lora_trains_adapters_and_saves_merged_weights(assets, tmp_path):
     tea_train(rec, run, tmp_path)
     rows = metrics(run)
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # reference = the same model with adapters disabled
-    assert rows[1]["kl"] > 0
+    assert rows[1]["kl_loss"] > 0
     ckpt = run / "checkpoints" / "step_000002"
     after, before = load_weights(ckpt), load_weights(assets / "policy")
     assert set(after) == set(before)  # plain model names: no PEFT prefixes, no lora_ tensors

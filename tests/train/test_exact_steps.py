@@ -1,0 +1,222 @@
+"""One optimizer update per step, always: the micro-batching of `train_step` and the setup-time prompt filter.
+
+`train_step` runs on a real DeepSpeed engine (one-process gloo group, CPU) around a tiny Llama; its
+gradient is read at the optimizer's step and compared with the plain full-batch gradient of the
+same loss (all sequences in one unsorted, fully padded batch). The end-to-end test trains through
+the real `tea train` on data with over-length prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))
+
+
+def test_micro_batches_are_exactly_n_sorted_and_even():
+    from teacli.train.loop import micro_batches
+
+    lengths = [9, 3, 7, 3, 12, 5, 1]
+    batches = micro_batches(lengths, 3)
+    assert [len(b) for b in batches] == [3, 2, 2]
+    assert sorted(i for b in batches for i in b) == list(range(7))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths)  # grouped by length: each batch pads to similar sequences
+    assert micro_batches(lengths, 1) == [sorted(range(7), key=lambda i: lengths[i])]
+    assert [len(b) for b in micro_batches([4, 2], 4)] == [1, 1, 0, 0]  # fewer sequences than micro-batches
+    for n in range(1, 12):
+        assert len(micro_batches(lengths, n)) == n
+
+
+# ------------------------------------------------------------------------------------------------
+# train_step on a DeepSpeed engine
+
+
+@pytest.fixture(scope="module")
+def world():
+    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    from teacli.train import backend
+
+    yield backend.init_world()
+    for k, v in saved.items():  # later subprocesses must not inherit this process group's variables
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def make_batch(n_prompts: int, m: int, seed: int, vocab: int, eos: int):
+    """Prompts of different lengths and m completions each of lengths 1..9, some ending in EOS."""
+    import random
+
+    from teacli.types import Completion
+
+    rng = random.Random(seed)
+    prompt_ids = [[rng.randrange(8, vocab) for _ in range(rng.randint(3, 11))] for _ in range(n_prompts)]
+    groups = []
+    for _ in range(n_prompts):
+        group = []
+        for _ in range(m):
+            toks = [rng.randrange(8, vocab) for _ in range(rng.randint(1, 9))]
+            finished = rng.random() < 0.5
+            if finished:
+                toks[-1] = eos
+            group.append(Completion(token_ids=toks, text="", finished=finished))
+        groups.append(group)
+    return prompt_ids, groups
+
+
+def full_batch_gradient(model, reference, recipe, prompt_ids, groups, advantages, pad_id):
+    """∇ of the step's loss with every sequence in one batch, in the original order, padded to the longest."""
+    import torch
+
+    from teacli.logprobs import token_logprobs
+    from teacli.train.loop import pack
+    from teacli.train.loss import policy_loss
+
+    seq_prompt = [prompt_ids[p] for p, g in enumerate(groups) for _ in g]
+    seq_comp = [c.token_ids for g in groups for c in g]
+    input_ids, attn, cmask, lp = pack(seq_prompt, seq_comp, pad_id, torch.device("cpu"))
+    with torch.no_grad():
+        ref = token_logprobs(reference, input_ids, attn, lp)
+    model.zero_grad()
+    logp = token_logprobs(model, input_ids, attn, lp)
+    loss, _ = policy_loss(logp, cmask, advantages.reshape(-1), ref, recipe.kl.beta, recipe.kl.estimator, len(seq_comp))
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def build(world, zero_stage: int, max_grad_norm: float, micro: int, nominal_seqs: int):
+    import torch
+    from tiny_lm import make_causal_lm, make_tokenizer
+
+    from teacli.config import Recipe
+    from teacli.train import backend
+
+    tok = make_tokenizer()
+    recipe = Recipe()
+    recipe.backend.zero_stage, recipe.backend.precision = zero_stage, "fp32"
+    recipe.optim.micro_batch_size, recipe.optim.max_grad_norm, recipe.optim.lr = micro, max_grad_norm, 1e-3
+    recipe.kl.beta = 0.1
+    policy = make_causal_lm(tok, seed=0)
+    reference = make_causal_lm(tok, seed=1).requires_grad_(False)  # a different model: a non-zero KL gradient
+    engine = backend.build_engine(policy, recipe, world, -(-nominal_seqs // micro), "fp32")
+    twin = make_causal_lm(tok, seed=0).to(torch.float32)  # plain copy for the full-batch gradient
+    return tok, recipe, engine, reference, twin
+
+
+def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world):
+    """Whatever the sequence count (fewer than, equal to, or more than nominal), one update with the full-batch gradient."""
+    import torch
+
+    from teacli.train import backend
+    from teacli.train.loop import train_step
+
+    tok, recipe, engine, reference, twin = build(world, zero_stage=0, max_grad_norm=0.0, micro=4, nominal_seqs=9)
+    assert engine.gradient_accumulation_steps() == 3
+    seen: list[dict[str, torch.Tensor]] = []
+    engine.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append({n: p.grad.detach().clone() for n, p in engine.module.named_parameters()})
+    )
+    # 9 sequences (nominal), 2 (fewer than the 3 micro-batches), 15 (more: batches above micro_batch_size)
+    for k, (n_prompts, m) in enumerate([(3, 3), (1, 2), (5, 3)]):
+        prompt_ids, groups = make_batch(n_prompts, m, seed=k, vocab=len(tok), eos=tok.eos_token_id)
+        advantages = torch.randn(n_prompts, m, generator=torch.Generator().manual_seed(k))
+        twin.load_state_dict(engine.module.state_dict())
+        want = full_batch_gradient(twin, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id)
+        stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id, torch.device("cpu"))
+        assert len(seen) == k + 1 and backend.optimizer_steps(engine) == k + 1 == stats["optimizer_step"]
+        got = seen[-1]
+        for name, g in want.items():
+            torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=lambda msg: f"{name}: {msg}")
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want.values()]))
+        assert stats["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+        assert stats["kl"] != 0.0 and stats["kl_loss"] > 0
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0e6, 1.0e-3])
+def test_zero2_grad_norm_is_the_pre_clip_norm(world, max_grad_norm):
+    import torch
+
+    from teacli.train.loop import train_step
+
+    tok, recipe, engine, reference, twin = build(world, zero_stage=2, max_grad_norm=max_grad_norm, micro=3, nominal_seqs=8)
+    prompt_ids, groups = make_batch(2, 4, seed=5, vocab=len(tok), eos=tok.eos_token_id)
+    advantages = torch.randn(2, 4, generator=torch.Generator().manual_seed(5))
+    twin.load_state_dict(engine.module.state_dict())
+    want = full_batch_gradient(twin, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id)
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want.values()])))
+    stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id, torch.device("cpu"))
+    assert stats["optimizer_step"] == 1
+    assert stats["grad_norm"] == pytest.approx(norm, rel=1e-4)  # before the clip, also when the clip binds
+
+
+# ------------------------------------------------------------------------------------------------
+# tea train with over-length prompts
+
+
+def _write_split(path: Path, contents: list[str]) -> None:
+    rows = [{"id": f"{path.stem}-{i}", "messages": [{"role": "user", "content": c}], "source": "test"} for i, c in enumerate(contents)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from tiny_lm import make_causal_lm, make_tokenizer, save
+
+    root = tmp_path_factory.mktemp("exact_steps")
+    tok = make_tokenizer()
+    save(make_causal_lm(tok), tok, root / "policy")
+    data = root / "data"
+    data.mkdir()
+    # 36 words: 40 tokens with the chat template (<bos> <|user|> ... <eos> <|assistant|>), "again" makes 41 (> 16)
+    long = " ".join(["the cat sat on the mat"] * 6)
+    short = ["the cat sat", "a dog ran in the park", "one two three", "write a short poem", "please answer", "what is paris"]
+    _write_split(data / "train.jsonl", [short[0], long, short[1], short[2], long + " again", short[3]])
+    _write_split(data / "val.jsonl", [long, short[4], short[5], short[0], short[1]])
+    return root
+
+
+def _tea_train(assets: Path, tmp: Path, **overrides):
+    from tiny_lm import tea_env, tiny_recipe, write_recipe
+
+    rec = write_recipe(tmp / "recipe.yaml", tiny_recipe(assets / "policy", assets / "data", data__max_prompt_tokens=16, **overrides))
+    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(tmp / "run")]
+    return subprocess.run(cmd, capture_output=True, text=True, env=tea_env(tmp), timeout=600)
+
+
+def test_over_length_prompts_are_dropped_once_and_every_step_is_one_update(assets, tmp_path):
+    # 4 usable train prompts, P = 3: steps wrap around epochs of the filtered list.
+    proc = _tea_train(assets, tmp_path, rollout__prompts_per_step=3, rollout__group_size=4, optim__micro_batch_size=5,
+                      optim__steps=4, checkpoint__save_every=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "run"
+    warnings = [line for line in proc.stderr.splitlines() if "dropped" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert ("dropped 2 of 6 train prompts and 1 of 5 validation prompts longer than data.max_prompt_tokens=16" in warnings[0]
+            and "longest 41" in warnings[0] and "raise data.max_prompt_tokens" in warnings[0])
+    data = json.loads((run / "data.json").read_text())
+    assert data["train"] == {"split": "train", "prompts": 6, "kept": 4, "dropped": 2, "longest_dropped_tokens": 41}
+    assert data["validation"]["dropped"] == 1 and data["validation"]["used"] == 4
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert r["prompts"] == 3 and r["optimizer_step"] == r["step"], r
+        assert isinstance(r["grad_clipped"], bool) and r["grad_clipped"] == (r["grad_norm"] > 1.0) and r["grad_norm"] > 0
+    val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+    assert all(v["prompts"] == 4 for v in val)
+
+
+def test_too_few_prompts_left_is_a_one_line_error(assets, tmp_path):
+    proc = _tea_train(assets, tmp_path, rollout__prompts_per_step=5)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if "rollout.prompts_per_step" in ln]
+    assert line and "4 of 6 usable" in line[0] and "raise data.max_prompt_tokens" in line[0], proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
