@@ -69,7 +69,7 @@ def test_loss_gradient_is_the_weighted_score_function():
     adv = torch.tensor([2.0, -1.0])
     w, _ = is_weights(TRAIN, ROLLOUT, MASK, "token", cap=2.0)
     theta = TRAIN.clone().requires_grad_(True)
-    loss, stats = policy_loss(theta, MASK, adv, None, beta=0.0, estimator="k3", denominator=4, is_weights=w)
+    loss, stats = policy_loss(theta, MASK, adv, None, beta=0.0, estimator="k2", denominator=4, is_weights=w)
     loss.backward()
     expected = -(adv[:, None] * w * MASK) / 4
     torch.testing.assert_close(theta.grad, expected)
@@ -77,11 +77,12 @@ def test_loss_gradient_is_the_weighted_score_function():
     assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
     # The KL term is not reweighted: with beta > 0 the loss grows by exactly the unweighted KL.
     ref = TRAIN - 0.1
-    loss_kl, s = policy_loss(TRAIN, MASK, adv, ref, beta=0.5, estimator="k1", denominator=4, is_weights=w)
-    assert float(loss_kl) - float(loss.detach()) == pytest.approx(0.5 * 0.1 * 5 / 4, rel=1e-4)
+    # k2 on the sequence log-ratios d = 0.1 · (3, 2 completion tokens): β · Σ ½d² / 4.
+    loss_kl, s = policy_loss(TRAIN, MASK, adv, ref, beta=0.5, estimator="k2", denominator=4, is_weights=w)
+    assert float(loss_kl) - float(loss.detach()) == pytest.approx(0.5 * (0.5 * 0.3**2 + 0.5 * 0.2**2) / 4, rel=1e-4)
     # Unit weights change nothing.
-    plain, _ = policy_loss(TRAIN, MASK, adv, None, beta=0.0, estimator="k3", denominator=4)
-    ones, _ = policy_loss(TRAIN, MASK, adv, None, beta=0.0, estimator="k3", denominator=4, is_weights=torch.ones(2, 3))
+    plain, _ = policy_loss(TRAIN, MASK, adv, None, beta=0.0, estimator="k2", denominator=4)
+    ones, _ = policy_loss(TRAIN, MASK, adv, None, beta=0.0, estimator="k2", denominator=4, is_weights=torch.ones(2, 3))
     assert float(plain) == float(ones)
 
 
