@@ -56,7 +56,7 @@ app = typer.Typer(
     cls=_Group,
 )
 recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True, cls=_Group, context_settings=_HELP)
-diagnose_app = typer.Typer(help="Diagnostics of the estimators (no model needed).", no_args_is_help=True, cls=_Group, context_settings=_HELP)
+diagnose_app = typer.Typer(help="Diagnostics of the estimators and of the paper's tail model.", no_args_is_help=True, cls=_Group, context_settings=_HELP)
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(diagnose_app, name="diagnose")
 
@@ -402,6 +402,42 @@ def diagnose_synthetic(
     typer.echo(synthetic.markdown_table(rows))
     for path in paths.values():
         typer.echo(f"wrote {path}")
+
+
+@diagnose_app.command("tail-fit")
+def diagnose_tail_fit(
+    run_dirs: list[Path] = typer.Argument(..., help="Run directories with `tea eval-bon` records.", show_default=False, metavar="RUN_DIR"),
+    out: Path = typer.Option(Path("out/diagnostics/tail_fit"), "--out", help="Output directory."),
+    checkpoint: str = typer.Option("selected", "--checkpoint", help="Which evaluation: selected (eval/), base (eval/base/) or step_N."),
+    split: Optional[str] = typer.Option(None, "--split", help="Evaluated split (needed only when a run has several)."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="M of the evaluation (needed only when a run has several)."),
+    q_low: float = typer.Option(0.80, "--q-low", help="Lower end of the fitted quantile range."),
+    q_high: float = typer.Option(0.99, "--q-high", help="Upper end of the fitted quantile range."),
+    fit_samples: Optional[int] = typer.Option(None, "--fit-samples", help="K: samples per prompt the prediction is fitted on (default min(64, M))."),
+    max_n: Optional[int] = typer.Option(None, "--max-n", help="Largest predicted N (default 4·M)."),
+    alpha: float = typer.Option(0.25, "--alpha", help="Upper-tail fraction of the prediction's tail model."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write qq.png and prediction.png."),
+) -> None:
+    """Gaussian QQ upper-tail check per prompt and a best-of-N prediction from eval records (no model)."""
+    from teacli.diagnostics import tail_fit as TF
+    from teacli.report.tables import markdown
+
+    try:
+        TF.check_arguments(q_low, q_high, fit_samples, max_n, alpha)
+        runs = TF.read_runs(run_dirs, checkpoint, split, n)
+        result = TF.tail_fit(runs, q_low, q_high, fit_samples, max_n, alpha)
+        written = TF.write_outputs(result, runs, out, plots)
+    except TF.TailFitError as exc:
+        _fail(str(exc))
+        return
+    for name, e in result["runs"].items():
+        degenerate = e["degenerate"]["flat"] + e["degenerate"]["too_few"]
+        if degenerate:
+            typer.echo(f"{name}: {degenerate} of {e['prompts']} prompt(s) degenerate ({e['degenerate']['flat']} flat, "
+                       f"{e['degenerate']['too_few']} with fewer than 3 samples in the range); left out of the summary", err=True)
+    for table in TF.tables(result):
+        typer.echo(markdown(table))
+    typer.echo(f"wrote {len(written)} files to {out} (tail_fit.json, tables, plots)")
 
 
 # ------------------------------------------------------------------------------------------------
