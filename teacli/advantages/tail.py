@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -196,3 +196,19 @@ def qq_tail_r2(rewards: "np.ndarray", q_low: float = QQ_Q_LOW, q_high: float = Q
     b = sxy / sxx
     a = y.mean(axis=1) - b * x.mean()
     return QQFit(np.clip(r2, 0.0, 1.0), a, b, ok, flat, np.zeros(P, dtype=bool), q, x)
+
+
+def tail_check_stats(rewards: "Any", q_low: float = QQ_Q_LOW, q_high: float = QQ_Q_HIGH) -> dict[str, float]:
+    """One training step's tail check: rewards [P, m] (tensor or array) → {"tail_r2_median", "tail_flat_frac"}.
+
+    tail_r2_median is the median over groups of `qq_tail_r2`, a group whose upper tail is flat (every
+    reward in the range equal: nothing to extrapolate) counting as R² = 0. Empty when m is too small
+    for three order statistics in [q_low, q_high] (m < 16 at the defaults): no check is possible.
+    """
+    import numpy as np
+
+    r = rewards.detach().cpu().double().numpy() if hasattr(rewards, "detach") else np.asarray(rewards, dtype=np.float64)
+    fit = qq_tail_r2(r, q_low, q_high)
+    if fit.too_few.all():
+        return {}
+    return {"tail_r2_median": float(np.median(np.where(fit.ok, fit.r2, 0.0))), "tail_flat_frac": float(fit.flat.mean())}

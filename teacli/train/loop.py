@@ -260,6 +260,8 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     import torch
 
     from teacli.advantages import compute_advantages
+    from teacli.advantages.tail import tail_check_stats
+    from teacli.diagnostics.tail_check import TailCheck
     from teacli.train import backend
     from teacli.train.progress import Progress, check_trackers, metrics_sink
 
@@ -289,6 +291,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     if recipe.advantage.name == "chow":
         adv_params["generator"] = torch.Generator().manual_seed(recipe.seed * 7919 + world.rank + start)
     progress = Progress(recipe.optim.steps, start, enabled=world.is_main, name=recipe.name)
+    tail_check = TailCheck(recipe.advantage.tail_check_r2, recipe.advantage.tail_check_window, run.path, sink.note, world.is_main)
     phase = "setup"
     try:
         has_baseline = backend.broadcast_object(any(r.get("step") == 0 for r in run.read_jsonl(run.validation)))
@@ -337,9 +340,11 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 "time_generate": t_gen, "time_reward": t_rew, "time_ref_logprobs": t_ref, "time_train": t_train, "time_sync": t_sync,
                 "time_step": elapsed, "tokens_per_s": float(lengths.sum()) * world.world_size / max(t_gen, 1e-9),
                 **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
+                **tail_check_stats(rewards),  # the groups' upper-tail QQ R² (docs/diagnostics.md)
             }
             local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
             sink.write(record, local=local)
+            tail_check.observe(record)
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
                 phase = "validation and checkpoint (validation.samples, rollout.batch_size)"
