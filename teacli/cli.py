@@ -445,8 +445,6 @@ def diagnose_alignment(
     settings = AL.Settings(recipe=r, out=out, checkpoint=checkpoint, prompts=prompts, pool=pool, grad_prompts=grad_prompts,
                            ms=tuple(budgets or AL.DEFAULT_MS), N=n, seeds=seeds, rules=tuple(names or AL.DEFAULT_RULES),
                            block=block, split=split, grad_batch_size=grad_batch_size, grad_memory_gib=grad_memory)
-    if grad_prompts > prompts:
-        _fail(f"--grad-prompts {grad_prompts}: larger than --prompts {prompts}")
     try:
         settings.check()
     except AL.AlignmentError as exc:

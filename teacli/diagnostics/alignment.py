@@ -356,6 +356,8 @@ class Settings:
                             ("--seeds", self.seeds), ("--n", self.N), ("--grad-batch-size", self.grad_batch_size)):
             if value < 1:
                 raise AlignmentError(f"{flag} {value}: must be >= 1")
+        if self.grad_prompts > self.prompts:
+            raise AlignmentError(f"--grad-prompts {self.grad_prompts}: larger than --prompts {self.prompts}")
         if self.pool < 2:
             raise AlignmentError(f"--pool {self.pool}: a pool needs at least 2 completions per prompt")
         if not self.ms:
