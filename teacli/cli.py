@@ -11,6 +11,7 @@ service, exit 1); `NO_COLOR` turns colour off; `-h`/`--help`, `--version`, shell
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -56,7 +57,7 @@ app = typer.Typer(
     cls=_Group,
 )
 recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True, cls=_Group, context_settings=_HELP)
-diagnose_app = typer.Typer(help="Diagnostics of the estimators (no model needed).", no_args_is_help=True, cls=_Group, context_settings=_HELP)
+diagnose_app = typer.Typer(help="Diagnostics of the estimators and of the paper's tail model.", no_args_is_help=True, cls=_Group, context_settings=_HELP)
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(diagnose_app, name="diagnose")
 
@@ -402,6 +403,116 @@ def diagnose_synthetic(
     typer.echo(synthetic.markdown_table(rows))
     for path in paths.values():
         typer.echo(f"wrote {path}")
+
+
+@diagnose_app.command("alignment", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def diagnose_alignment(
+    ctx: typer.Context,
+    recipe: str = typer.Argument(..., help="Recipe YAML file or name: its policy, data, rollout sampling and reward."),
+    set_: list[str] = typer.Option([], "--set", help="Override a recipe key (repeatable)."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="HF checkpoint directory to use instead of the recipe's base policy (e.g. runs/x/checkpoints/step_000025)."),
+    prompts: int = typer.Option(128, "--prompts", help="P: pool prompts (the first P of the recipe's training split)."),
+    pool: int = typer.Option(512, "--pool", help="K: stored completions per pool prompt."),
+    grad_prompts: int = typer.Option(32, "--grad-prompts", help="Pool prompts whose gradients are averaged (the first ones)."),
+    m: Optional[list[int]] = typer.Option(None, "--m", help="Rollout budgets, space-separated (--m 16 24 32) or repeated. Default: 16 24 32 48 64 96."),
+    n: int = typer.Option(128, "--n", help="N of the expected-best-of-N oracle (and the rules' n_target)."),
+    seeds: int = typer.Option(5, "--seeds", help="Seeds: subsamples of m rollouts per prompt."),
+    rules: Optional[list[str]] = typer.Option(None, "--rules", help="Advantage rules, space-separated or repeated; 'oracle' = the plug-in oracle. Default: every built-in rule but tea_raw."),
+    block: str = typer.Option("-1", "--block", help="The block whose gradients are compared: an index into the transformer layers (-1 = last) or a parameter-name prefix."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split of the recipe's data.dir the pool prompts come from (default: data.train_split)."),
+    grad_batch_size: int = typer.Option(8, "--grad-batch-size", help="Completions per forward pass when computing gradients."),
+    grad_memory: float = typer.Option(8.0, "--grad-memory", help="GiB of per-completion gradients held at once (more: the Gram matrix is built in row blocks)."),
+    out: Path = typer.Option(Path("out/diagnostics/alignment"), "--out", help="Output directory (the pool and Gram matrices are stored there and reused)."),
+) -> None:
+    """Oracle-gradient alignment: cosine of each rule's policy gradient to the expected-best-of-N oracle gradient."""
+    from teacli.config import RecipeError, find_recipe, load_recipe
+    from teacli.diagnostics import alignment as AL
+
+    budgets, names = list(m or []), list(rules or [])
+    for arg in ctx.args:
+        if arg.lstrip("-").isdigit() and m is not None:
+            budgets.append(int(arg))
+        elif not arg.startswith("-") and rules is not None:
+            names.append(arg)
+        else:
+            _fail(f"unexpected argument {arg}; budgets go after --m (--m 16 32), rules after --rules (--rules tea grpo)")
+    names = [x for name in names for x in name.split(",") if x]
+    try:
+        r = load_recipe(find_recipe(recipe), set_)
+    except RecipeError as exc:
+        _fail(str(exc))
+        return
+    settings = AL.Settings(recipe=r, out=out, checkpoint=checkpoint, prompts=prompts, pool=pool, grad_prompts=grad_prompts,
+                           ms=tuple(budgets or AL.DEFAULT_MS), N=n, seeds=seeds, rules=tuple(names or AL.DEFAULT_RULES),
+                           block=block, split=split, grad_batch_size=grad_batch_size, grad_memory_gib=grad_memory)
+    try:
+        settings.check()
+    except AL.AlignmentError as exc:
+        _fail(str(exc))
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from teacli.data.errors import DataError
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    tasks: dict[str, Any] = {}
+    try:
+        with Progress(*columns, console=console, transient=False) as bar:
+            def progress(stage: str, done: int, total: int) -> None:
+                if stage not in tasks:
+                    tasks[stage] = bar.add_task(stage, total=total, completed=done)
+                bar.update(tasks[stage], completed=done, total=total)
+
+            table = AL.run_alignment(settings, progress, log=lambda msg: console.print(msg, markup=False, highlight=False))
+    except (AL.AlignmentError, DataError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    from teacli.report.tables import markdown
+
+    meta = json.loads((out / "alignment.run.json").read_text())
+    typer.echo(markdown(AL.tables(table, meta)[0]))
+    for rule, row in table.items():
+        skipped = [mm for mm, c in row.items() if c.get("skipped")]
+        if skipped:
+            typer.echo(f"{rule}: skipped at m = {', '.join(skipped)} ({row[skipped[0]]['skipped']})", err=True)
+    typer.echo(f"wrote {out / 'alignment.json'}, alignment.{{md,tex,csv}}, alignment.png (pool and Gram matrices kept in {out} for reuse)")
+
+
+@diagnose_app.command("tail-fit")
+def diagnose_tail_fit(
+    run_dirs: list[Path] = typer.Argument(..., help="Run directories with `tea eval-bon` records.", show_default=False, metavar="RUN_DIR"),
+    out: Path = typer.Option(Path("out/diagnostics/tail_fit"), "--out", help="Output directory."),
+    checkpoint: str = typer.Option("selected", "--checkpoint", help="Which evaluation: selected (eval/), base (eval/base/) or step_N."),
+    split: Optional[str] = typer.Option(None, "--split", help="Evaluated split (needed only when a run has several)."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="M of the evaluation (needed only when a run has several)."),
+    q_low: float = typer.Option(0.80, "--q-low", help="Lower end of the fitted quantile range."),
+    q_high: float = typer.Option(0.99, "--q-high", help="Upper end of the fitted quantile range."),
+    fit_samples: Optional[int] = typer.Option(None, "--fit-samples", help="K: samples per prompt the prediction is fitted on (default min(64, M))."),
+    max_n: Optional[int] = typer.Option(None, "--max-n", help="Largest predicted N (default 4·M)."),
+    alpha: float = typer.Option(0.25, "--alpha", help="Upper-tail fraction of the prediction's tail model."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write qq.png and prediction.png."),
+) -> None:
+    """Gaussian QQ upper-tail check per prompt and a best-of-N prediction from eval records (no model)."""
+    from teacli.diagnostics import tail_fit as TF
+    from teacli.report.tables import markdown
+
+    try:
+        TF.check_arguments(q_low, q_high, fit_samples, max_n, alpha)
+        runs = TF.read_runs(run_dirs, checkpoint, split, n)
+        result = TF.tail_fit(runs, q_low, q_high, fit_samples, max_n, alpha)
+        written = TF.write_outputs(result, runs, out, plots)
+    except TF.TailFitError as exc:
+        _fail(str(exc))
+        return
+    for name, e in result["runs"].items():
+        degenerate = e["degenerate"]["flat"] + e["degenerate"]["too_few"]
+        if degenerate:
+            typer.echo(f"{name}: {degenerate} of {e['prompts']} prompt(s) degenerate ({e['degenerate']['flat']} flat, "
+                       f"{e['degenerate']['too_few']} with fewer than 3 samples in the range); left out of the summary", err=True)
+    for table in TF.tables(result):
+        typer.echo(markdown(table))
+    typer.echo(f"wrote {len(written)} files to {out} (tail_fit.json, tables, plots)")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -163,6 +163,8 @@ class RolloutConfig:
 class AdvantageConfig:
     name: str = field("tea", "Advantage rule: tea, tea_raw, prefix_tea, grpo, grpo_z, bon_max_mean, bon_max_second, bon_mean, chow, cat_bon, or 'package.module:function'.")
     params: dict[str, Any] = field({}, "Keyword parameters of the rule (see docs/advantages.md), e.g. {alpha: 0.25, n_target: 128}.")
+    tail_check_r2: float | None = field(0.8, "Warn once (console and tail_check_warning.txt in the run directory) when the median over the last tail_check_window steps of tail_r2_median (each step's median QQ R² of the groups' upper tails, q in [0.80, 0.99]) is below this; None = no check.", ge=0.0, le=1.0)
+    tail_check_window: int = field(10, "Steps in the running median of the tail check.", ge=1)
 
 
 @dataclass

@@ -13,6 +13,7 @@ and imports only the standard library (docs/architecture.md):
     runs/<name>/checkpoints/step_000025/   HF model + tokenizer + recipe.yaml + trainer/ (resume state)
     runs/<name>/eval/[base/|step_XXXXXX/]<split>-M<M>.{jsonl,bon.json,run.json}, <split>.prompts.jsonl
     runs/<name>/judge/<other-run>-bo<N>.jsonl
+    runs/<name>/tail_check_warning.txt  the training tail check's warning, written once (docs/diagnostics.md)
 
 A checkpoint is written into `checkpoints/.tmp_step_XXXXXX/` and renamed into place once
 complete, so a directory named `step_*` is always whole. On resume, metrics and validation lines

@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    import numpy as np
     from torch import Tensor
 
 
@@ -122,3 +123,92 @@ def empirical_tail(rewards: "Tensor", q: int, eps_sigma: float) -> EmpiricalTail
 def tail_shaped_reward(u: "Tensor", tail: EmpiricalTail, ctilde: float) -> "Tensor":
     """R̃_η(u) = (u − r) + c̃/(2σ)·((u − μ)² − (r − μ)²)  (eq. `eq:tail_shaped_reward`)."""
     return (u - tail.r) + ctilde / (2.0 * tail.sigma) * ((u - tail.mu).pow(2) - (tail.r - tail.mu).pow(2))
+
+
+# --------------------------------------------------------------------------------------------
+# The Gaussian upper-tail check (paper appendix "Reward-distribution diagnostic",
+# Tab. `tab:gaussian_tail_check_80_99`): QQ linearity of each group's upper tail.
+
+QQ_Q_LOW = 0.80
+QQ_Q_HIGH = 0.99
+QQ_MIN_POINTS = 3  # a line through two points always fits: R² needs at least three
+
+
+class QQFit(NamedTuple):
+    """Per-row fit of the upper-tail order statistics to a + b·Φ⁻¹(q); arrays of shape [P].
+
+    `r2` is 0.0 where the row is degenerate (`flat`: every reward in the range equal; `too_few`:
+    fewer than QQ_MIN_POINTS order statistics in [q_low, q_high]); use `ok` to select fitted rows.
+    """
+
+    r2: "np.ndarray"
+    a: "np.ndarray"
+    b: "np.ndarray"
+    ok: "np.ndarray"  # bool: fitted
+    flat: "np.ndarray"  # bool
+    too_few: "np.ndarray"  # bool
+    q: "np.ndarray"  # [n] plotting positions used (shared by all rows)
+    x: "np.ndarray"  # [n] Φ⁻¹(q)
+
+
+def qq_positions(M: int, q_low: float = QQ_Q_LOW, q_high: float = QQ_Q_HIGH) -> tuple["np.ndarray", "np.ndarray"]:
+    """(indices, q) of the ascending order statistics whose Hazen plotting positions q_i = (i − ½)/M
+    (i = 1 … M) lie in [q_low, q_high]; indices are 0-based into the sorted row."""
+    import numpy as np
+
+    if not (0.0 < q_low < q_high < 1.0):
+        raise ValueError(f"QQ tail fit: need 0 < q_low < q_high < 1, got q_low={q_low!r}, q_high={q_high!r}")
+    q = (np.arange(1, M + 1) - 0.5) / M
+    keep = np.nonzero((q >= q_low - 1e-12) & (q <= q_high + 1e-12))[0]
+    return keep, q[keep]
+
+
+def qq_tail_r2(rewards: "np.ndarray", q_low: float = QQ_Q_LOW, q_high: float = QQ_Q_HIGH) -> QQFit:
+    """R² of the least-squares line y = a + b·Φ⁻¹(q) through each row's upper-tail order statistics.
+
+    rewards: [P, M] (any order within a row). The order statistics r_(i) with plotting positions
+    q_i = (i − ½)/M in [q_low, q_high] are regressed on Φ⁻¹(q_i); R² = corr². Vectorised over rows:
+    one sort and a few reductions (negligible next to a training step).
+    """
+    import numpy as np
+    from scipy.stats import norm
+
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 2 or r.shape[1] == 0:
+        raise ValueError(f"QQ tail fit: rewards must have shape [P, M], got {r.shape}")
+    P, M = r.shape
+    idx, q = qq_positions(M, q_low, q_high)
+    x = norm.ppf(q)
+    zeros = np.zeros(P)
+    if len(idx) < QQ_MIN_POINTS:
+        false = np.zeros(P, dtype=bool)
+        return QQFit(zeros, zeros.copy(), zeros.copy(), false, false.copy(), ~false, q, x)
+    y = np.sort(r, axis=1)[:, idx]  # [P, n]
+    xc = x - x.mean()
+    yc = y - y.mean(axis=1, keepdims=True)
+    sxx = float(xc @ xc)
+    syy = (yc * yc).sum(axis=1)
+    sxy = yc @ xc
+    scale = np.maximum(np.abs(y).max(axis=1), 1e-300)
+    flat = syy <= (1e-12 * scale) ** 2 * len(idx)  # all equal up to rounding
+    ok = ~flat
+    r2 = np.where(ok, sxy * sxy / (sxx * np.where(ok, syy, 1.0)), 0.0)
+    b = sxy / sxx
+    a = y.mean(axis=1) - b * x.mean()
+    return QQFit(np.clip(r2, 0.0, 1.0), a, b, ok, flat, np.zeros(P, dtype=bool), q, x)
+
+
+def tail_check_stats(rewards: "Any", q_low: float = QQ_Q_LOW, q_high: float = QQ_Q_HIGH) -> dict[str, float]:
+    """One training step's tail check: rewards [P, m] (tensor or array) → {"tail_r2_median", "tail_flat_frac"}.
+
+    tail_r2_median is the median over groups of `qq_tail_r2`, a group whose upper tail is flat (every
+    reward in the range equal: nothing to extrapolate) counting as R² = 0. Empty when m is too small
+    for three order statistics in [q_low, q_high] (m < 16 at the defaults): no check is possible.
+    """
+    import numpy as np
+
+    r = rewards.detach().cpu().double().numpy() if hasattr(rewards, "detach") else np.asarray(rewards, dtype=np.float64)
+    fit = qq_tail_r2(r, q_low, q_high)
+    if fit.too_few.all():
+        return {}
+    return {"tail_r2_median": float(np.median(np.where(fit.ok, fit.r2, 0.0))), "tail_flat_frac": float(fit.flat.mean())}

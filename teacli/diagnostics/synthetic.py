@@ -508,7 +508,7 @@ def plot_frontier(rows: list[dict[str, Any]], path: Path) -> None:
     axes = np.atleast_1d(axes)
     for ax, grid, (k, J) in zip(axes, grids, PREFIX_CONFIGS):
         image = ax.imshow(grid, origin="lower", aspect="auto", cmap="RdBu_r", norm=norm, interpolation="nearest")
-        ax.contour(grid, levels=[0.0], colors="black", linewidths=1.0)
+        _zero_line(ax, grid)
         ax.set_xticks(range(0, len(Ps), 4), [f"$2^{{{FRONTIER_LOG2_P[i]}}}$" for i in range(0, len(Ps), 4)])
         ax.set_yticks(range(len(ms)), [str(m) for m in ms])
         ax.set_xlabel("prompt batch size P")
@@ -518,6 +518,20 @@ def plot_frontier(rows: list[dict[str, Any]], path: Path) -> None:
     bar.set_label(r"$\log_{10}(\mathrm{MSE}_P^{\mathrm{Prefix}} / \mathrm{MSE}_P^{\mathrm{TEA}})$  (< 0: Prefix-TEA better)")
     fig.savefig(path, dpi=150)
     plt.close(fig)
+
+
+def _zero_line(ax: Any, grid: "np.ndarray") -> None:
+    """The frontier (log-ratio = 0): a contour on two or more budgets; with one budget (a single row,
+    where matplotlib's contour needs a 2 × 2 grid) a vertical tick where the row changes sign."""
+    import numpy as np
+
+    if grid.shape[0] >= 2:
+        ax.contour(grid, levels=[0.0], colors="black", linewidths=1.0)
+        return
+    row = grid[0]
+    for j in np.nonzero(np.sign(row[:-1]) * np.sign(row[1:]) < 0)[0]:
+        x = j + row[j] / (row[j] - row[j + 1])  # linear interpolation between columns j and j + 1
+        ax.plot([x, x], [-0.5, 0.5], color="black", linewidth=1.0)
 
 
 def write_outputs(rows: list[dict[str, Any]], out: Path) -> dict[str, Path]:

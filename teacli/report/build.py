@@ -9,7 +9,9 @@ with an error naming each run and what it has. Comparisons are paired over the p
 all runs (normally all of them; the report says when some were dropped).
 
 Outputs (`--out`, default report/): report.md (everything, with the notes saying how each row was
-chosen), report.tex, summary.json, one <table>.md/.tex/.csv per table, frontier.png and delta.png.
+chosen), report.tex, summary.json, one <table>.md/.tex/.csv per table, frontier.png, delta.png and,
+where the runs' completion records are there, reward_distribution.png (pooled completion rewards per
+run, plus the base policy's from eval/base/ when it was evaluated; Fig. `fig:mechanism_reward_distribution`).
 Table layouts follow the paper:
   frontier      Method | Budget | Step | bo1 … boM                         (tab:core250_full_baseline_results)
   endpoints     Method | [Baseline] | Δbo(M/4) | Δbo(M/2) | ΔboM, + Best TTA (tab:main_core250_endpoint_summary)
@@ -54,8 +56,10 @@ from teacli.report.read import (  # noqa: F401  (re-exported: the report's readi
     default_report_runs,
     eval_dir,
     load_run,
+    read_bon,
     read_judge,
     read_recipe,
+    read_records,
     run_names,
 )
 
@@ -323,7 +327,27 @@ def _publish(staging: Path, out: Path) -> None:
         os.replace(staging, out)
 
 
-def write_outputs(rep: Report, tabs: list[T.Table], directory: Path, plots: bool = True) -> list[Path]:
+def reward_distributions(rep: Report, runs: Sequence[RunEval], checkpoint: str) -> dict[str, list[float]]:
+    """Pooled completion rewards per run over the report's prompts (runs with records only), plus the
+    base policy's (eval/base/ of the first run that has it for this split and M) unless the report is
+    of the base evaluations already."""
+    prompts = list(rep.prompts)
+    out = {r.name: [x for pid in prompts for x in r.rewards[pid]] for r in runs if r.rewards is not None}
+    if checkpoint == "base" or not out:
+        return out
+    for r in runs:
+        directory = eval_dir(r.path, "base")
+        bon, records = directory / f"{rep.split}-M{rep.M}.bon.json", directory / f"{rep.split}-M{rep.M}.jsonl"
+        if bon.is_file() and records.is_file():
+            _, _, per_prompt = read_bon(bon, rep.split, rep.M)
+            _, rewards = read_records(records, rep.M, list(per_prompt))
+            out[f"base ({r.name})"] = [x for pid in prompts if pid in rewards for x in rewards[pid]]
+            break
+    return out
+
+
+def write_outputs(rep: Report, tabs: list[T.Table], directory: Path, plots: bool = True,
+                  distributions: Mapping[str, Sequence[float]] | None = None) -> list[Path]:
     """Every table, plot, report.md/.tex and summary.json into `directory` (the staging directory)."""
     files = [p for ps in T.write_all(tabs, directory).values() for p in ps]
     pngs = []
@@ -337,6 +361,9 @@ def write_outputs(rep: Report, tabs: list[T.Table], directory: Path, plots: bool
         pngs.append(PL.plot_delta(rep.N, {f"{n} − {rep.base_of[n]}": tuple(zip(*d)) for n, d in rep.deltas.items()},
                                   "its baseline" if several else rep.baseline, directory / "delta.png",
                                   f"Delta to {'each run’s baseline' if several else rep.baseline} ({title})"))
+        if distributions:
+            pngs.append(PL.plot_reward_distribution(distributions, directory / "reward_distribution.png",
+                                                    f"Pooled completion rewards ({title})"))
     (directory / "report.md").write_text(_markdown_report(rep, tabs, pngs))
     (directory / "report.tex").write_text("\n".join(T.latex(t) for t in tabs))
     (directory / "summary.json").write_text(json.dumps(_summary(rep), indent=2) + "\n")
@@ -424,7 +451,7 @@ def build_report(
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would follow the directory into place
     try:
-        written = write_outputs(rep, tabs, staging, plots)
+        written = write_outputs(rep, tabs, staging, plots, reward_distributions(rep, runs, checkpoint) if plots else None)
         (staging / MANIFEST).write_text(json.dumps({"files": sorted(p.name for p in written)}, indent=1) + "\n")
         _publish(staging, out.resolve())
     except BaseException:

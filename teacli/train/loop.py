@@ -375,6 +375,8 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
 
     from teacli.advantages import compute_advantages
     from teacli.rollout.factory import resolve_engine_name
+    from teacli.advantages.tail import tail_check_stats
+    from teacli.diagnostics.tail_check import TailCheck
     from teacli.train import backend
     from teacli.train.importance import resolve_is_correction
     from teacli.train.progress import Progress, check_trackers, metrics_sink
@@ -415,6 +417,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     if recipe.advantage.name == "chow":
         adv_params["generator"] = torch.Generator().manual_seed(recipe.seed * 7919 + world.rank + start)
     progress = Progress(recipe.optim.steps, start, enabled=world.is_main, name=recipe.name)
+    tail_check = TailCheck(recipe.advantage.tail_check_r2, recipe.advantage.tail_check_window, run.path, sink.note, world.is_main)
     phase = "setup"
     try:
         has_baseline = backend.broadcast_object(any(r.get("step") == 0 for r in run.read_jsonl(run.validation)))
@@ -464,6 +467,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 "time_step": elapsed, "tokens_per_s": float(lengths.sum()) * world.world_size / max(t_gen, 1e-9),
                 **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
                 **sel.stats,  # dynamic sampling: rounds, dropped and filled groups
+                **tail_check_stats(rewards),  # the groups' upper-tail QQ R² (docs/diagnostics.md)
             }
             # The norm is global (the same on every rank), and so is whether the clip bound.
             record["grad_clipped"] = recipe.optim.max_grad_norm > 0 and stats["grad_norm"] > recipe.optim.max_grad_norm
@@ -477,6 +481,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                     f"{1 + recipe.rollout.max_resample_rounds} rounds (rollout.max_resample_rounds); "
                     f"{record['dynamic_filled_groups']:g} uninformative group(s) per rank kept with advantage 0"
                 )
+            tail_check.observe(record)
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
                 phase = "validation and checkpoint (validation.samples, rollout.batch_size)"

@@ -240,3 +240,28 @@ def test_module_imports_only_stdlib_at_import_time():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_cli_single_budget_draws_the_frontier(tmp_path):
+    """`--m 128` alone: one row of the heatmap; matplotlib's contour needs two, and used to crash."""
+    out = tmp_path / "one"
+    result = CliRunner().invoke(app, ["diagnose", "synthetic", "--m", "128", "--reps", "20", "--bias-reps", "50", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {r["m"] for r in json.loads((out / "synthetic.json").read_text())} == {128}
+
+
+def test_zero_line_on_one_row_sits_where_the_sign_changes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from teacli.diagnostics.synthetic import _zero_line
+
+    fig, ax = plt.subplots()
+    _zero_line(ax, np.array([[1.0, 0.5, -0.5, -1.0]]))  # crosses zero halfway between columns 1 and 2
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [1.5, 1.5]
+    plt.close(fig)

@@ -1,0 +1,56 @@
+"""`tea report`'s reward-distribution plot: pooled completion rewards per run (and the base policy's)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_report import M, write_run  # noqa: E402
+
+from teacli.cli import app  # noqa: E402
+from teacli.report.build import build_report, reward_distributions  # noqa: E402
+from teacli.report.plots import smoothed_density  # noqa: E402
+
+
+def test_smoothed_density_integrates_to_one_and_smooths():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=5000)
+    edges = np.linspace(values.min(), values.max(), 61)
+    width = edges[1] - edges[0]
+    raw = smoothed_density(values, edges, 0.0)
+    smooth = smoothed_density(values, edges, 2.0)
+    assert raw.sum() * width == pytest.approx(1.0)
+    assert smooth.sum() * width == pytest.approx(1.0, abs=1e-12)  # the reflected kernel keeps all the mass
+    assert np.abs(np.diff(smooth)).sum() < np.abs(np.diff(raw)).sum()  # smoother: less total variation
+    # One kernel, by hand, away from the ends: the weighted sum of the neighbouring bins.
+    k = np.exp(-0.5 * (np.arange(-8, 9) / 2.0) ** 2)
+    assert smooth[30] == pytest.approx(float((raw[22:39] * k).sum() / k.sum()))
+
+
+def test_report_pools_rewards_per_run_and_adds_the_base_policy(tmp_path):
+    rng = np.random.default_rng(1)
+    a, b, base = rng.normal(size=(6, M)), rng.normal(size=(6, M)) + 1.0, rng.normal(size=(6, M)) - 1.0
+    ra = write_run(tmp_path / "runs", "grpo", a, tokens=5, checkpoint=10)
+    rb = write_run(tmp_path / "runs", "tea", b, tokens=5, checkpoint=20)
+    # The base policy's evaluation lives in eval/base/ of the first run (`tea eval-bon --checkpoint base`).
+    tmp = write_run(tmp_path / "tmp", "grpo", base, tokens=5, checkpoint="base")
+    (tmp / "eval").rename(ra / "eval" / "base")
+    out = tmp_path / "report"
+    res = CliRunner().invoke(app, ["report", str(ra), str(rb), "--bootstrap", "50", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "reward_distribution.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "reward_distribution.png" in json.loads((out / ".tea-report").read_text())["files"]
+    assert "![reward_distribution](reward_distribution.png)" in (out / "report.md").read_text()
+    result = build_report([ra, rb], tmp_path / "r2", resamples=10, plots=False)
+    dist = reward_distributions(result.report, result.report.runs, "selected")
+    assert set(dist) == {"grpo", "tea", "base (grpo)"}
+    np.testing.assert_allclose(sorted(dist["grpo"]), sorted(a.ravel()))
+    np.testing.assert_allclose(sorted(dist["base (grpo)"]), sorted(base.ravel()))
+    assert reward_distributions(result.report, result.report.runs, "base").keys() == {"grpo", "tea"}
