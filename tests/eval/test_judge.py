@@ -318,7 +318,8 @@ def test_unreachable_endpoint_stops_and_records_nothing(tmp_path, server):
 def test_failing_endpoint_keeps_the_verdicts_it_got_and_a_rerun_judges_the_rest(tmp_path, server):
     run_a, run_b, expected = make_pair(tmp_path, ["normal"] * 5 + ["fail500"])
     with pytest.raises(J.JudgeUnavailable, match=r"no reply after 3 attempt\(s\) \(HTTP 500\)"):
-        J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, concurrency=1))
+        # timeout_s well above a loaded machine's reply time: the failure under test is the HTTP 500
+        J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, concurrency=1, timeout_s=10.0))
     path = run_a / "judge" / "grpo-bo4.jsonl"
     first = read(path)
     assert server.attempts["p05"] == 3 and [r["prompt_id"] for r in first] == ["p00", "p01", "p02", "p03", "p04"]
