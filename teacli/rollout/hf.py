@@ -44,17 +44,17 @@ class HFEngine:
 
     def __init__(
         self, model: Any, tokenizer: Any, batch_size: int = 64, eos_token_ids: Iterable[int] | None = None, *,
-        attention: str | None = "sdpa_gqa", kv_cache: str = "auto", compile: str = "auto", cache_bucket: int = 64,
+        attention: str = "sdpa_gqa", kv_cache: str = "auto", compile: bool | str = "auto", cache_bucket: int = 64,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"rollout.batch_size: must be >= 1, got {batch_size}")
         if attention not in ATTENTIONS:
-            raise ValueError(f"rollout.attention: {attention!r} is not one of {', '.join(a for a in ATTENTIONS if a)}")
+            raise ValueError(f"rollout.attention: {attention!r} is not one of {', '.join(ATTENTIONS)}")
         if kv_cache not in ("auto", "static", "dynamic"):
             raise ValueError(f"rollout.kv_cache: {kv_cache!r} is not one of auto, static, dynamic")
-        if compile not in ("auto", "true", "false"):
+        if compile not in ("auto", True, False):
             raise ValueError(f"rollout.compile: {compile!r} is not one of auto, true, false")
-        if compile == "true" and kv_cache == "dynamic":
+        if compile is True and kv_cache == "dynamic":
             raise ValueError("rollout.compile: true needs rollout.kv_cache: static (or auto): a dynamic cache changes shape every token")
         if cache_bucket < 1:
             raise ValueError(f"rollout.cache_bucket: must be >= 1, got {cache_bucket}")
@@ -93,7 +93,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), _blank_generation_config(module), attention_implementation(module, self.attention), _seeded(seed, device):
+            with torch.no_grad(), _blank_generation_config(module), attention_implementation(module, None if self.attention == "model" else self.attention), _seeded(seed, device):
                 for start in range(0, len(flat), self.batch_size):
                     batch = flat[start : start + self.batch_size]
                     outputs.extend(self._generate_batch(batch, config, device, module if static else None))
@@ -120,7 +120,7 @@ class HFEngine:
     def resolved(self, device: "torch.device") -> tuple[bool, bool]:
         """(compile the decode step, use the static cache) on `device`: `auto` compiles on CUDA only,
         and the static cache is used whenever compiling (or when asked for)."""
-        compiled = self.compile == "true" or (self.compile == "auto" and device.type == "cuda")
+        compiled = self.compile is True or (self.compile == "auto" and device.type == "cuda")
         static = self.kv_cache == "static" or (self.kv_cache == "auto" and compiled)
         return compiled, static
 
@@ -174,7 +174,7 @@ class HFEngine:
         return Completion(token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True), finished=finished)
 
 
-ATTENTIONS = ("sdpa_gqa", "sdpa", "eager", None)  # None: the model's own (policy.attn_implementation)
+ATTENTIONS = ("sdpa_gqa", "sdpa", "eager", "model")  # model: the module's own (policy.attn_implementation)
 
 
 def _compile_config(device: Any) -> Any:

@@ -112,7 +112,7 @@ def _setup(recipe: "Recipe", world):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     tokenizer = models.load_tokenizer(recipe.policy)
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
-    if recipe.policy.gradient_checkpointing:
+    if backend.gradient_checkpointing(recipe, policy, world):  # `auto`: only when memory needs it
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.config.use_cache = False
     reference = None
