@@ -84,11 +84,17 @@ def test_liger_logprobs_match_the_chunked_and_full_logits(tiny, cuda, dtype):
         value = token_logprobs(model, ids, mask, 6, fused=kind)
         (value * weights).sum().backward()
         results[kind] = (value.detach(), {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None})
-    tol = {"float32": dict(rtol=1e-4, atol=1e-4), "bfloat16": dict(rtol=2e-2, atol=2e-2)}[dtype]
+    # Relative error in norm: bf16 gradients differ elementwise by rounding (each path rounds its own
+    # bf16 logits-gradient chunks), so elementwise tolerances would test bf16, not the computation.
+    tol = {"float32": 1e-4, "bfloat16": 3e-2}[dtype]
+
+    def rel(a, b):
+        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
     for kind in ("chunked", "liger"):
-        torch.testing.assert_close(results[kind][0], results["plain"][0], **tol)
-        for name, grad in results["plain"][1].items():
-            torch.testing.assert_close(results[kind][1][name], grad, **tol, msg=f"{kind} {name}")
+        assert rel(results[kind][0], results["plain"][0]) < tol, kind
+        errors = {name: rel(results[kind][1][name], grad) for name, grad in results["plain"][1].items()}
+        assert max(errors.values()) < tol, (kind, errors)
 
 
 def test_gradient_checkpointing_auto_is_off_for_a_small_model_on_a_big_gpu(tiny, cuda):
