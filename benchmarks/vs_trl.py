@@ -28,6 +28,7 @@ torch's max_memory_allocated over a step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -133,8 +134,10 @@ def run_tea(args, device) -> dict:
         rewards = torch.tensor([reward_of(c.text) for g in groups for c in g]).reshape(args.prompts, args.group_size)
         advantages = compute_advantages("tea", rewards.double()).float()
         t2 = time.perf_counter()
-        stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device)
-        sync(device)
+        profile = args.profile and step == args.steps and device.type == "cuda"
+        with _profiler(profile, args.profile) as prof:
+            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device)
+            sync(device)
         t3 = time.perf_counter()
         new_tokens = sum(len(c.token_ids) for g in groups for c in g)
         trained_tokens = new_tokens + seqs * args.prompt_len
@@ -225,6 +228,21 @@ def run_trl(args, device) -> dict:
     return {"rows": rows, "settings": settings}
 
 
+@contextlib.contextmanager
+def _profiler(on: bool, path: str | None):
+    """torch.profiler over the last tea step's training phase: a table of where the GPU time goes."""
+    if not on:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield prof
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    Path(path).write_text(table)
+    print(f"profile of the last tea training phase written to {path}", file=sys.stderr)
+
+
 def _free(device) -> None:
     import gc
 
@@ -253,6 +271,7 @@ def main() -> None:
     p.add_argument("--only", choices=["tea", "trl"], default=None, help="run one side only")
     p.add_argument("--small", action="store_true", help="tiny model and shapes (CPU smoke run)")
     p.add_argument("--json", default=None, help="also write every step's numbers here")
+    p.add_argument("--profile", default=None, help="CUDA: write a torch.profiler table of tea's last training phase here")
     args = p.parse_args()
     if args.small:
         args.prompts, args.prompt_len, args.group_size, args.new_tokens = 2, 16, 8, 8

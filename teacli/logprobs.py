@@ -9,9 +9,11 @@ own forward, through any wrapper: DeepSpeed, peft), then the head is applied to 
 tokens only (not the prompt, not the right padding), in one of two ways:
 
   * `liger`: liger-kernel's fused linear cross-entropy (reduction "none"; log-prob = −CE), which
-    computes logits chunk by chunk and recomputes them in backward. Used when liger-kernel is
-    installed (`pip install 'teacli[liger]'`), the device is CUDA, and the head is a plain
-    whole-weight `nn.Linear` (not a ZeRO-3 partition, not a LoRA-wrapped head).
+    computes logits chunk by chunk and recomputes them in backward. Used for differentiated
+    log-probs when liger-kernel is installed (`pip install 'teacli[liger]'`), the device is CUDA,
+    and the head is a plain whole-weight `nn.Linear` (not a ZeRO-3 partition, not a LoRA-wrapped
+    head). Without gradients (the reference model) the chunked path runs instead: liger's forward
+    would compute input and weight gradients that nobody uses.
   * `chunked`: the same in torch: row chunks of at most `CHUNK_ELEMENTS` logits, each chunk's
     head + log-softmax checkpointed (only its hidden states are kept for backward). Everywhere else.
 
@@ -72,7 +74,9 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
     rows = hidden[valid]  # [N, H], completion tokens only
     tok = targets[valid]
     kind = _resolve(fused, head, rows)
-    flat = _liger(head, rows, tok) if kind == "liger" else _chunked(head, rows, tok)
+    # Without gradients liger would still compute its input/weight gradients in forward: chunked it is.
+    grad = torch.is_grad_enabled() and rows.requires_grad
+    flat = _liger(head, rows, tok) if kind == "liger" and grad else _chunked(head, rows, tok)
     out = torch.zeros((input_ids.shape[0], n_completion), dtype=torch.float32, device=input_ids.device)
     return out.masked_scatter(valid, flat.float())
 
