@@ -135,7 +135,7 @@ def run_tea(args, device) -> dict:
         advantages = compute_advantages("tea", rewards.double()).float()
         t2 = time.perf_counter()
         profile = args.profile and step == args.steps and device.type == "cuda"
-        with _profiler(profile, args.profile) as prof:
+        with _profiler(profile, args.profile):
             stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device)
             sync(device)
         t3 = time.perf_counter()

@@ -253,7 +253,7 @@ def test_static_cache_length_is_bucketed(model, tok, prompts, monkeypatch):
             super().__init__(*a, **kw)
 
     monkeypatch.setattr(transformers, "StaticCache", Spy)
-    engine = HFEngine(model, tok, batch_size=64, cache_bucket=16, **{**NEW})
+    engine = HFEngine(model, tok, batch_size=64, cache_bucket=16, **NEW)
     for p in prompts:  # three prompt widths, all under 16 tokens
         assert len(p) <= 16
         engine.generate([p], n=2, sampling=sample(max_new_tokens=5), seed=0)
