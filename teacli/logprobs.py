@@ -14,8 +14,9 @@ tokens only (not the prompt, not the right padding), in one of two ways:
     and the head is a plain whole-weight `nn.Linear` (not a ZeRO-3 partition, not a LoRA-wrapped
     head). Without gradients (the reference model) the chunked path runs instead: liger's forward
     would compute input and weight gradients that nobody uses.
-  * `chunked`: the same in torch: row chunks of at most `CHUNK_ELEMENTS` logits, each chunk's
-    head + log-softmax checkpointed (only its hidden states are kept for backward). Everywhere else.
+  * `chunked`: the same in torch: row chunks of at most `CHUNK_ELEMENTS` logits; when there are
+    several, each chunk's head + log-softmax is checkpointed (only its hidden states are kept for
+    backward). Everywhere else.
 
 Both give today's values (bf16/fp32 logits from the head, log-softmax in fp32) and gradients.
 Models whose logits are not `head(hidden)` (final-logit softcapping, logit scaling) take the
@@ -146,12 +147,13 @@ def _chunked(head, rows: "Tensor", targets: "Tensor") -> "Tensor":
 
     vocab = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
     step = max(1, CHUNK_ELEMENTS // max(1, vocab))
-    grad = torch.is_grad_enabled() and rows.requires_grad
+    # With several chunks each is checkpointed (backward recomputes its logits instead of keeping them
+    # all); a single chunk is kept as it is (bounded already; recomputing would only cost time).
+    recompute = torch.is_grad_enabled() and rows.requires_grad and rows.shape[0] > step
     out = []
     for start in range(0, rows.shape[0], step):
         r, t = rows[start : start + step], targets[start : start + step]
-        # Checkpointed: backward recomputes this chunk's logits instead of keeping them all.
-        out.append(checkpoint(_chunk_logprobs, head, r, t, use_reentrant=False) if grad else _chunk_logprobs(head, r, t))
+        out.append(checkpoint(_chunk_logprobs, head, r, t, use_reentrant=False) if recompute else _chunk_logprobs(head, r, t))
     return torch.cat(out) if out else rows.new_zeros(0, dtype=torch.float32)
 
 

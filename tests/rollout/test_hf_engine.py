@@ -320,3 +320,14 @@ def test_bad_engine_settings_name_the_key(model, tok):
 def test_build_engine_passes_the_speed_settings(model, tok):
     engine = build_engine(RolloutConfig(engine="hf", attention="eager", kv_cache="static", compile=False, cache_bucket=32), model, tok)
     assert (engine.attention, engine.kv_cache, engine.compile, engine.cache_bucket) == ("eager", "static", False, 32)
+
+
+def test_fast_path_on_a_peft_wrapped_policy(model, tok, prompts):
+    peft = pytest.importorskip("peft")
+    import copy
+
+    wrapped = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    s = sample(top_k=1, max_new_tokens=12)  # LoRA starts at zero: the base model's greedy completions
+    want = ids_of(HFEngine(model, tok, batch_size=8, **OLD).generate(prompts, n=2, sampling=s, seed=0))
+    assert ids_of(HFEngine(wrapped, tok, batch_size=8, **NEW).generate(prompts, n=2, sampling=s, seed=0)) == want
+    assert wrapped.get_base_model().config._attn_implementation == "sdpa"  # restored
