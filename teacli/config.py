@@ -91,7 +91,12 @@ class PolicyConfig:
         "auto", "Weight dtype for generation and forward passes; 'auto' = bfloat16 where supported, else float32."
     )
     attn_implementation: str | None = field(None, "transformers attention implementation ('eager', 'sdpa', 'flash_attention_2'); None = library default.")
-    gradient_checkpointing: bool = field(True, "Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool | Literal["auto"] = field(
+        True,
+        "Recompute activations in backward to save memory. 'auto' = on only when memory needs it: on CPU never; on "
+        "CUDA when the estimated bf16 activations of one micro-batch without it exceed half the device memory left "
+        "after the weights and optimizer state (docs/performance.md).",
+    )
     chat_template: str | None = field(None, "Jinja chat template overriding the tokenizer's (needed when the tokenizer has none).")
     trust_remote_code: bool = field(False, "Allow custom modelling code from the hub.")
     lora: LoraConfig = field(LoraConfig(), "LoRA adapters.")
@@ -138,6 +143,20 @@ class RolloutConfig:
     top_p: float = field(1.0, "Nucleus sampling mass (1.0 = off).", gt=0.0, le=1.0)
     top_k: int = field(0, "Top-k sampling (0 = off). The model's own generation_config is never applied.", ge=0)
     batch_size: int = field(64, "Sequences generated per engine call (hf engine).", ge=1)
+    attention: Literal["sdpa_gqa", "sdpa", "eager", "model"] = field(
+        "sdpa_gqa",
+        "hf engine: attention while generating. sdpa_gqa = SDPA over the grouped K/V heads (registered through "
+        "transformers' AttentionInterface, no K/V copy); sdpa, eager = transformers' own; model = policy.attn_implementation.",
+    )
+    kv_cache: Literal["auto", "static", "dynamic"] = field(
+        "auto", "hf engine: KV cache. static = preallocated at a bucketed length (rollout.cache_bucket); auto = static when compiling."
+    )
+    compile: bool | Literal["auto"] = field(
+        "auto", "hf engine: torch.compile the decode step (transformers' generate, CUDA graphs); auto = on CUDA only. Needs the static cache."
+    )
+    cache_bucket: int = field(
+        64, "hf engine, static cache: prompts are left-padded to a multiple of this many tokens, so a run compiles once per bucket.", ge=1
+    )
     gpu_memory_utilization: float = field(0.5, "vllm: fraction of GPU memory for the engine.", gt=0.0, le=1.0)
     sleep: bool = field(True, "vllm: sleep (level 1) while training, wake for generation (GPU only).")
     verify_sync: bool = field(True, "vllm: after each weight push, check vLLM's log-probs against the trainer's.")
@@ -549,6 +568,8 @@ def build(cls: type, data: Any, origin: dict[str, str], prefix: str) -> Any:
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return " / ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
 

@@ -1,34 +1,183 @@
 """The policy's token log-probabilities: what the trainer differentiates, the reference model
 scores, and the vllm engine's sync check compares against. Shared by train/, rollout/ and the
 diagnostics, so it lives below all of them.
+
+The LM head and the log-softmax are the memory peak of a training step (a [tokens, vocabulary]
+fp32 tensor: 4 GiB for 8k tokens of Llama-3's 128k vocabulary, plus its softmax for backward), so
+they never run on the whole batch at once. The model is run up to its final hidden states (its
+own forward, through any wrapper: DeepSpeed, peft), then the head is applied to the completion
+tokens only (not the prompt, not the right padding), in one of two ways:
+
+  * `liger`: liger-kernel's fused linear cross-entropy (reduction "none"; log-prob = −CE), which
+    computes logits chunk by chunk and recomputes them in backward. Used for differentiated
+    log-probs when liger-kernel is installed (`pip install 'teacli[liger]'`), the device is CUDA,
+    and the head is a plain whole-weight `nn.Linear` (not a ZeRO-3 partition, not a LoRA-wrapped
+    head). Without gradients (the reference model) the chunked path runs instead: liger's forward
+    would compute input and weight gradients that nobody uses.
+  * `chunked`: the same in torch: row chunks of at most `CHUNK_ELEMENTS` logits; when there are
+    several, each chunk's head + log-softmax is checkpointed (only its hidden states are kept for
+    backward). Everywhere else.
+
+Both give today's values (bf16/fp32 logits from the head, log-softmax in fp32) and gradients.
+Models whose logits are not `head(hidden)` (final-logit softcapping, logit scaling) take the
+plain path: the model's own logits for the completion positions, one row at a time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+# Logits per chunk (rows x vocabulary): 2^28 fp32 values = 1 GiB (2,048 rows of a 128k vocabulary).
+CHUNK_ELEMENTS = 1 << 28
+FUSED_CHOICES = ("auto", "liger", "chunked", "plain")
+# Config attributes that make logits something other than head(hidden): such models take the plain path.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
-def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_prompt: int) -> "Tensor":
+
+def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_prompt: int, *, fused: str = "auto") -> "Tensor":
     """Log-probs of the completion tokens: input_ids [B, L] (left-padded prompt of n_prompt tokens,
-    then completion) → [B, L − n_prompt], the log-prob of token t given everything before it.
+    then completion) → [B, L − n_prompt] fp32, the log-prob of token t given everything before it.
+
+    Completion positions whose attention_mask is 0 (right padding) are 0: they are not computed.
+    `fused`: auto (liger where usable, else chunked), liger, chunked, or plain (the model's full
+    logits, row-wise log-softmax; the reference the others are tested against).
     """
     import torch
 
+    if fused not in FUSED_CHOICES:
+        raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
     n_completion = input_ids.shape[1] - n_prompt
-    # Only the last n_completion + 1 positions need the LM head (it is a large share of a small model's FLOPs).
+    head, decoder = _head_and_decoder(model)
+    if fused == "plain" or head is None:
+        return _plain(model, input_ids, attention_mask, position_ids, n_prompt)
+
+    captured: dict[str, Any] = {}
+
+    def keep(_module, _args, output):
+        captured["hidden"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    handle = decoder.register_forward_hook(keep)
+    try:
+        # The model's own forward (so DeepSpeed/peft wrappers run), asking its head for no position.
+        model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+            logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device),
+        )
+    finally:
+        handle.remove()
+    hidden = captured["hidden"][:, n_prompt - 1 : -1]  # [B, T, H]: the states that predict the completion
+    targets = input_ids[:, n_prompt:]
+    valid = attention_mask[:, n_prompt:].bool()
+    rows = hidden[valid]  # [N, H], completion tokens only
+    tok = targets[valid]
+    kind = _resolve(fused, head, rows)
+    # Without gradients liger would still compute its input/weight gradients in forward: chunked it is.
+    grad = torch.is_grad_enabled() and rows.requires_grad
+    flat = _liger(head, rows, tok) if kind == "liger" and grad else _chunked(head, rows, tok)
+    out = torch.zeros((input_ids.shape[0], n_completion), dtype=torch.float32, device=input_ids.device)
+    return out.masked_scatter(valid, flat.float())
+
+
+def resolved_kind(model, device: Any, fused: str = "auto") -> str:
+    """Which path `token_logprobs` takes for `model` on `device` (benchmarks report it)."""
+    import torch
+
+    head, _ = _head_and_decoder(model)
+    if fused == "plain" or head is None:
+        return "plain"
+    return _resolve(fused, head, torch.empty(0, device=device))
+
+
+def liger_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _head_and_decoder(model) -> tuple[Any, Any]:
+    """(the LM head module, the decoder whose output feeds it), or (None, None) when the logits are
+    not simply head(decoder output) or the model does not expose them."""
+    import torch
+
+    module = getattr(model, "module", model)  # DeepSpeedEngine
+    if hasattr(module, "get_base_model"):  # peft PeftModel (adapters live inside the base model's modules)
+        module = module.get_base_model()
+    get_head, get_decoder = getattr(module, "get_output_embeddings", None), getattr(module, "get_decoder", None)
+    if get_head is None or get_decoder is None:
+        return None, None
+    config = getattr(module, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    if any(getattr(c, a, None) not in (None, 1.0) for c in (config, text) if c is not None for a in _LOGIT_TRANSFORMS):
+        return None, None
+    head, decoder = get_head(), get_decoder()
+    if not isinstance(head, torch.nn.Module) or not isinstance(decoder, torch.nn.Module):
+        return None, None
+    return head, decoder
+
+
+def _resolve(fused: str, head, rows: "Tensor") -> str:
+    import torch
+
+    usable = (
+        rows.device.type == "cuda" and type(head) is torch.nn.Linear and liger_available()
+        and not hasattr(head.weight, "ds_id")  # a ZeRO-3 partition: only the module call gathers it
+    )
+    if fused == "liger" and not usable:
+        raise ValueError("fused: 'liger' needs liger-kernel installed, a CUDA device and a plain nn.Linear head")
+    return "liger" if fused in ("liger", "auto") and usable else "chunked"
+
+
+def _chunk_logprobs(head, rows: "Tensor", targets: "Tensor") -> "Tensor":
+    import torch
+
+    logits = head(rows).float()
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _chunked(head, rows: "Tensor", targets: "Tensor") -> "Tensor":
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    vocab = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
+    step = max(1, CHUNK_ELEMENTS // max(1, vocab))
+    # With several chunks each is checkpointed (backward recomputes its logits instead of keeping them
+    # all); a single chunk is kept as it is (bounded already; recomputing would only cost time).
+    recompute = torch.is_grad_enabled() and rows.requires_grad and rows.shape[0] > step
+    out = []
+    for start in range(0, rows.shape[0], step):
+        r, t = rows[start : start + step], targets[start : start + step]
+        out.append(checkpoint(_chunk_logprobs, head, r, t, use_reentrant=False) if recompute else _chunk_logprobs(head, r, t))
+    return torch.cat(out) if out else rows.new_zeros(0, dtype=torch.float32)
+
+
+def _liger(head, rows: "Tensor", targets: "Tensor") -> "Tensor":
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    loss = LigerFusedLinearCrossEntropyLoss(reduction="none")
+    return -loss(head.weight, rows, targets, head.bias)
+
+
+def _plain(model, input_ids, attention_mask, position_ids, n_prompt: int) -> "Tensor":
+    import torch
+
+    n_completion = input_ids.shape[1] - n_prompt
+    # Only the last n_completion + 1 positions need the LM head.
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
         logits_to_keep=n_completion + 1,
     ).logits
     logits = logits[:, -(n_completion + 1) : -1]  # predictions for the completion positions
     targets = input_ids[:, n_prompt:]
-    # Row by row: log_softmax over a large vocabulary in fp32 for the whole batch would dominate memory.
     out = []
-    for row_logits, row_targets in zip(logits, targets):
+    for row_logits, row_targets in zip(logits, targets):  # row by row: a whole-batch fp32 log-softmax is the memory peak
         row = row_logits.float()
         out.append(row.gather(-1, row_targets[:, None]).squeeze(-1) - torch.logsumexp(row, dim=-1))
-    return torch.stack(out)
+    valid = attention_mask[:, n_prompt:].bool()
+    return torch.stack(out).masked_fill(~valid, 0.0)

@@ -301,6 +301,8 @@ def load_policy(
     torch_dtype = resolve_dtype(dtype if dtype is not None else cfg.dtype, device)
     path, kwargs = resolve_source(cfg)
     if cfg.attn_implementation:
+        if cfg.attn_implementation == SDPA_GQA:
+            register_sdpa_gqa()
         kwargs["attn_implementation"] = cfg.attn_implementation
     if "gguf_file" in kwargs:
         kwargs.update(_gguf_kwargs())
@@ -309,6 +311,65 @@ def load_policy(
     if "gguf_file" in kwargs:
         model = _dense_copy(model).to(torch_dtype)
     return model.to(device)
+
+
+# ------------------------------------------------------------------------------------------------
+# Attention: SDPA over the grouped K/V heads, registered through transformers' public hooks
+
+SDPA_GQA = "sdpa_gqa"
+
+
+def sdpa_gqa_attention(
+    module: Any, query: "torch.Tensor", key: "torch.Tensor", value: "torch.Tensor", attention_mask: "torch.Tensor | None",
+    dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any,
+) -> tuple["torch.Tensor", None]:
+    """transformers' `sdpa` attention without the K/V head repeat: query [B, H, q, D], key/value
+    [B, H_kv, k, D] → [B, q, H, D], through `scaled_dot_product_attention(enable_gqa=True)`.
+
+    transformers' own `sdpa` function expands K/V from H_kv to H heads (a copy of the whole cache
+    per layer and decode step) whenever a mask is present, which is always the case for left-padded
+    batches; SDPA broadcasts the groups itself. Same mask (transformers' `sdpa_mask`), same causal
+    rule: `is_causal` only when there is no mask and more than one query.
+    """
+    import torch
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = causal and attention_mask is None and q_len > 1
+    if causal and kv_len > q_len:  # prefill into an empty static cache: the rest of it is unwritten
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_sdpa_gqa() -> str:
+    """Register `sdpa_gqa` (attention and its mask function) with transformers; idempotent."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(SDPA_GQA, sdpa_gqa_attention)
+    AttentionMaskInterface.register(SDPA_GQA, sdpa_mask)
+    return SDPA_GQA
+
+
+@contextlib.contextmanager
+def attention_implementation(module: Any, name: str | None) -> Iterator[None]:
+    """Run `module` (a transformers PreTrainedModel) with attention `name` inside the block, then
+    restore its own. None = leave it as it is."""
+    saved = getattr(module.config, "_attn_implementation", None)
+    if name is None or name == saved:
+        yield
+        return
+    if name == SDPA_GQA:
+        register_sdpa_gqa()
+    module.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        module.set_attn_implementation(saved)
 
 
 @contextlib.contextmanager

@@ -14,14 +14,21 @@ checkpoint, `eval/step_XXXXXX/` for an explicit one, `eval/base/` for the untrai
     <split>-M<M>.run.json    the evaluation's settings (checkpoint, seed, sampling, reward), checked on resume
 `tokens` counts the generated tokens including the EOS token when the completion stopped there.
 
+Batching: one engine call samples the M completions of k = max(1, rollout.batch_size // M)
+consecutive prompts (of the split's evaluated prompts, in order), so a small M still fills the
+generation batch. The calls are fixed by (prompts, M, batch size) alone (`call_groups`), each with
+seed = derive_seed(recipe.seed, the group's prompt ids joined by "+"); a one-prompt group's seed is
+derive_seed(recipe.seed, prompt_id), so with k = 1 (M ≥ batch_size) the records are exactly those
+of the one-call-per-prompt evaluation before this batching; with k > 1 they are other, equally valid
+draws of the same distribution.
+
 Resume (append-only): records are appended one prompt at a time (all M lines in one write, then
-flush + fsync). A restarted evaluation keeps every complete line, cuts a torn last line, and for
-each prompt generates only what is missing. Sampling is seed-deterministic per prompt: the engine
-is called once per prompt (n = M) with seed = derive_seed(recipe.seed, prompt_id), so a prompt
-killed half-written is regenerated identically and only its missing sample indices are appended;
-a resumed evaluation ends with exactly the records of an uninterrupted one (same engine, device
-and batch size; on a different engine the kept records stay valid samples, the new ones come from
-another random stream). Settings that change the distribution (checkpoint, sampling, reward,
+flush + fsync). A restarted evaluation keeps every complete line, cuts a torn last line, and
+regenerates only the call groups that have a prompt with samples missing; the seeded call gives the
+same completions again, and only the missing sample indices are appended, so a resumed evaluation
+ends with exactly the records of an uninterrupted one (same engine, device and batch size; on a
+different engine or batch size the kept records stay valid samples, the new ones come from another
+random stream). Settings that change the distribution (checkpoint, sampling, reward,
 prompt-length limit) must match `<split>-M<M>.run.json`, else the evaluation stops with an error.
 
 Departures: prompts longer than `data.max_prompt_tokens` after the chat template are skipped (as
@@ -125,6 +132,17 @@ class EvalFiles:
         stem = f"{split}-M{M}"
         return cls(eval_dir / f"{stem}.jsonl", eval_dir / f"{split}.prompts.jsonl", eval_dir / f"{stem}.bon.json",
                    eval_dir / f"{stem}.run.json", eval_dir / f".{stem}.lock")
+
+
+def call_groups(prompt_ids: Sequence[str], M: int, batch_size: int) -> list[list[int]]:
+    """Indices into `prompt_ids`, one list per engine call: k = max(1, batch_size // M) consecutive prompts."""
+    k = max(1, batch_size // M)
+    return [list(range(i, min(i + k, len(prompt_ids)))) for i in range(0, len(prompt_ids), k)]
+
+
+def group_seed(seed: int, prompt_ids: Sequence[str]) -> int:
+    """The sampling seed of one engine call; for one prompt, that prompt's `derive_seed`."""
+    return derive_seed(seed, "+".join(prompt_ids))
 
 
 def derive_seed(seed: int, prompt_id: str) -> int:
@@ -438,22 +456,29 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
         sampling = sampling_from(recipe.rollout)
         bs = recipe.eval.score_batch_size
         done = resumed
-        for prompt, ids in todo:
-            (group,) = engine.generate([ids], M, sampling, derive_seed(recipe.seed, prompt.id))
-            missing = [s for s in range(M) if s not in have[prompt.id]]
-            texts = [group[s].text for s in missing]
-            scores: list[float] = []
-            for start in range(0, len(texts), bs):
-                chunk = texts[start : start + bs]
-                scores.extend(checked_score(reward, [prompt] * len(chunk), chunk).tolist())
-            append_records(files.records, [
-                {"prompt_id": prompt.id, "sample": s, "response": group[s].text, "reward": r, "tokens": len(group[s].token_ids)}
-                for s, r in zip(missing, scores)
-            ])
-            new += len(missing)
-            done += len(missing)
-            if progress:
-                progress(done, total)
+        for members in call_groups(order, M, recipe.rollout.batch_size):
+            if all(len(have[order[i]]) == M for i in members):
+                continue
+            samples = engine.generate([prompt_ids[i] for i in members], M, sampling,
+                                      group_seed(recipe.seed, [order[i] for i in members]))
+            for i, group in zip(members, samples):
+                prompt = kept[i]
+                missing = [s for s in range(M) if s not in have[prompt.id]]
+                if not missing:  # complete on disk; regenerated only because a group member was not
+                    continue
+                texts = [group[s].text for s in missing]
+                scores: list[float] = []
+                for start in range(0, len(texts), bs):
+                    chunk = texts[start : start + bs]
+                    scores.extend(checked_score(reward, [prompt] * len(chunk), chunk).tolist())
+                append_records(files.records, [
+                    {"prompt_id": prompt.id, "sample": s, "response": group[s].text, "reward": r, "tokens": len(group[s].token_ids)}
+                    for s, r in zip(missing, scores)
+                ])
+                new += len(missing)
+                done += len(missing)
+                if progress:
+                    progress(done, total)
         records = read_records(files.records)
 
     summary = bon_summary(rewards_matrix(records, order, M, str(files.records)), order, split, M, ckpt.label)

@@ -34,7 +34,10 @@ def build_engine(cfg: "RolloutConfig", model: Any, tokenizer: Any, **options: An
     if name == "hf":
         from teacli.rollout.hf import HFEngine
 
-        return HFEngine(model, tokenizer, batch_size=cfg.batch_size)
+        return HFEngine(
+            model, tokenizer, batch_size=cfg.batch_size, attention=cfg.attention, kv_cache=cfg.kv_cache,
+            compile=cfg.compile, cache_bucket=cfg.cache_bucket,
+        )
     if name == "vllm":
         try:
             module = importlib.import_module("teacli.rollout.vllm_engine")

@@ -9,7 +9,20 @@ swap the model's own for a blank one, so a checkpoint cannot change what "on-pol
 
 Sequences are generated in batches of at most `batch_size` (each prompt repeated n times,
 left-padded). Sampling draws from torch's global RNG, seeded per call inside `fork_rng`, so results
-are reproducible given (inputs, seed, batch_size) and the caller's RNG state is left untouched.
+are reproducible given (inputs, seed, batch_size, engine settings) and the caller's RNG state is
+left untouched.
+
+Speed (issue 12), all through transformers' public hooks; the model's forward stays transformers':
+  * `attention: sdpa_gqa` (default) runs the model, for the duration of the call, with the attention
+    function `teacli.models.sdpa_gqa_attention` registered through `AttentionInterface`: SDPA with
+    `enable_gqa=True` instead of copying the grouped K/V heads every layer and decode step.
+  * `kv_cache: static` pre-allocates the KV cache (`StaticCache`) at a BUCKETED length: prompts are
+    left-padded to a multiple of `cache_bucket` tokens and the cache holds that plus max_new_tokens,
+    so every batch of a training run has the same shapes and a compiled decode step is reused.
+    The extra left padding is masked: it changes no logit beyond float rounding.
+  * `compile: true` lets transformers compile the decode step (`torch.compile`, its `CompileConfig`
+    defaults: inductor, CUDA graphs); it needs the static cache. `auto` = on for CUDA only.
+The cache is allocated per call and freed when it returns (nothing is held while the trainer runs).
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from teacli.models import attention_implementation
 from teacli.rollout.base import cut_at_eos
 from teacli.types import Completion, SamplingConfig
 
@@ -28,9 +42,26 @@ if TYPE_CHECKING:
 class HFEngine:
     """Batched sampling with `model.generate` (model: an HF causal LM, possibly peft-wrapped)."""
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64, eos_token_ids: Iterable[int] | None = None) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, batch_size: int = 64, eos_token_ids: Iterable[int] | None = None, *,
+        attention: str = "sdpa_gqa", kv_cache: str = "auto", compile: bool | str = "auto", cache_bucket: int = 64,
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"rollout.batch_size: must be >= 1, got {batch_size}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"rollout.attention: {attention!r} is not one of {', '.join(ATTENTIONS)}")
+        if kv_cache not in ("auto", "static", "dynamic"):
+            raise ValueError(f"rollout.kv_cache: {kv_cache!r} is not one of auto, static, dynamic")
+        if compile not in ("auto", True, False):
+            raise ValueError(f"rollout.compile: {compile!r} is not one of auto, true, false")
+        if compile is True and kv_cache == "dynamic":
+            raise ValueError("rollout.compile: true needs rollout.kv_cache: static (or auto): a dynamic cache changes shape every token")
+        if cache_bucket < 1:
+            raise ValueError(f"rollout.cache_bucket: must be >= 1, got {cache_bucket}")
+        self.attention = attention
+        self.kv_cache = kv_cache
+        self.compile = compile
+        self.cache_bucket = cache_bucket
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -54,16 +85,18 @@ class HFEngine:
         if any(len(p) == 0 for p in prompt_token_ids):
             raise ValueError("an empty prompt (no tokens) cannot be generated from")
         flat = [ids for ids in prompt_token_ids for _ in range(n)]  # [P*n], prompt-major
-        config = self._generation_config(sampling)
         module = _generating_module(self.model)
         device = next(module.parameters()).device
+        compiled, static = self.resolved(device)
+        config = self._generation_config(sampling, compiled, device)
         outputs: list[list[int]] = []
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), _blank_generation_config(module), _seeded(seed, device):
+            with torch.no_grad(), _blank_generation_config(module), attention_implementation(module, None if self.attention == "model" else self.attention), _seeded(seed, device):
                 for start in range(0, len(flat), self.batch_size):
-                    outputs.extend(self._generate_batch(flat[start : start + self.batch_size], config, device))
+                    batch = flat[start : start + self.batch_size]
+                    outputs.extend(self._generate_batch(batch, config, device, module if static else None))
         finally:
             self.model.train(was_training)
         completions = [self._completion(ids) for ids in outputs]
@@ -84,7 +117,14 @@ class HFEngine:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _generation_config(self, sampling: SamplingConfig) -> Any:
+    def resolved(self, device: "torch.device") -> tuple[bool, bool]:
+        """(compile the decode step, use the static cache) on `device`: `auto` compiles on CUDA only,
+        and the static cache is used whenever compiling (or when asked for)."""
+        compiled = self.compile is True or (self.compile == "auto" and device.type == "cuda")
+        static = self.kv_cache == "static" or (self.kv_cache == "auto" and compiled)
+        return compiled, static
+
+    def _generation_config(self, sampling: SamplingConfig, compiled: bool = False, device: Any = None) -> Any:
         from transformers import GenerationConfig
 
         if sampling.temperature <= 0:
@@ -103,25 +143,51 @@ class HFEngine:
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             use_cache=True,
+            disable_compile=not compiled,
+            compile_config=_compile_config(device) if compiled else None,
         )
 
-    def _generate_batch(self, batch: list[list[int]], config: Any, device: "torch.device") -> list[list[int]]:
+    def _generate_batch(self, batch: list[list[int]], config: Any, device: "torch.device", static_for: Any = None) -> list[list[int]]:
+        """One left-padded batch; `static_for` (the generating module) = with a bucketed static cache."""
         import torch
 
         width = max(len(ids) for ids in batch)
+        cache = None
+        if static_for is not None:
+            from transformers import StaticCache
+
+            width = -(-width // self.cache_bucket) * self.cache_bucket
+            cache = StaticCache(config=static_for.config.get_text_config(decoder=True), max_cache_len=width + config.max_new_tokens)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, ids in enumerate(batch):  # left padding: every prompt ends at the last column
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
+        extra = {"past_key_values": cache} if cache is not None else {}
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config, **extra
         )
         return out[:, width:].tolist()
 
     def _completion(self, generated: list[int]) -> Completion:
         ids, finished = cut_at_eos(generated, self.eos_token_ids)
         return Completion(token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True), finished=finished)
+
+
+ATTENTIONS = ("sdpa_gqa", "sdpa", "eager", "model")  # model: the module's own (policy.attn_implementation)
+
+
+def _compile_config(device: Any) -> Any:
+    """transformers' CompileConfig defaults (inductor, mode reduce-overhead: CUDA graphs). transformers
+    compiles only on accelerators unless told otherwise: `rollout.compile: true` on CPU sets its
+    documented `_compile_all_devices` flag (useful for tests, rarely faster)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig()
+    if device is not None and device.type == "cpu":
+        config = CompileConfig(mode="default")
+        config._compile_all_devices = True
+    return config
 
 
 def _generating_module(model: Any) -> Any:

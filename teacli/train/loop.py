@@ -174,7 +174,7 @@ def _setup(recipe: "Recipe", world):
     tokenizer = models.load_tokenizer(recipe.policy)
     train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
-    if recipe.policy.gradient_checkpointing:
+    if backend.gradient_checkpointing(recipe, policy, world):  # `auto`: only when memory needs it
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.config.use_cache = False
     reference = None

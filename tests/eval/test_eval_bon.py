@@ -47,7 +47,7 @@ def trained(tmp_path_factory) -> Path:
     (root / "data" / f"{SPLIT}.jsonl").write_text("\n".join(heldout[:5]) + "\n")
     recipe = tiny_recipe(
         root / "policy", root / "data", name="tiny_eval",
-        rollout__group_size=4, rollout__batch_size=8, optim__steps=2, kl__beta=0.0, backend__zero_stage=0,
+        rollout__group_size=4, rollout__batch_size=16, optim__steps=2, kl__beta=0.0, backend__zero_stage=0,
         checkpoint__save_every=1, validation={"prompts": 2, "samples": 2, "top": 1},
         eval={"split": SPLIT, "M": M, "score_batch_size": 4},
     )
@@ -162,6 +162,19 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(evaluated, tmp_path):
     assert sorted(got, key=lambda r: (r["prompt_id"], r["sample"])) == sorted(ref_records, key=lambda r: (r["prompt_id"], r["sample"]))
     name = f"{SPLIT}-M{M}.bon.json"
     assert (run / "eval" / name).read_text() == (evaluated / "eval" / name).read_text()
+
+
+def test_call_groups_fill_the_batch_and_one_prompt_calls_keep_their_seeds():
+    from teacli.eval.bon import call_groups, derive_seed, group_seed
+
+    ids = ["a", "b", "c", "d", "e"]
+    assert call_groups(ids, M=8, batch_size=16) == [[0, 1], [2, 3], [4]]  # this module's evaluation: 2 prompts a call
+    assert call_groups(ids, M=8, batch_size=64) == [[0, 1, 2, 3, 4]]
+    assert call_groups(ids, M=64, batch_size=64) == [[0], [1], [2], [3], [4]]  # M >= batch: one prompt a call, as before
+    assert call_groups(ids, M=128, batch_size=64) == [[0], [1], [2], [3], [4]]
+    # A one-prompt call has the per-prompt seed of the one-call-per-prompt evaluation: the same records.
+    assert group_seed(7, ["c"]) == derive_seed(7, "c")
+    assert group_seed(7, ["a", "b"]) not in (derive_seed(7, "a"), derive_seed(7, "b"))
 
 
 def test_checkpoint_base_and_step(evaluated):

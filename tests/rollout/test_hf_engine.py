@@ -201,3 +201,133 @@ def test_build_engine_vllm_missing_is_a_clear_error(model, tok, monkeypatch):
     monkeypatch.setitem(sys.modules, "teacli.rollout.vllm_engine", None)  # import fails as if absent
     with pytest.raises(ValueError, match="rollout.engine: 'vllm' is not available"):
         build_engine(RolloutConfig(engine="vllm"), model, tok)
+
+
+# -- the fast path: sdpa_gqa attention, bucketed static cache (issue 12) ------------------------------
+
+OLD = {"attention": "model", "kv_cache": "dynamic", "compile": False}  # the engine before issue 12
+NEW = {"attention": "sdpa_gqa", "kv_cache": "static", "compile": False}
+
+
+def test_sdpa_gqa_logits_equal_eager_on_ragged_left_padded_batches(model, tok, prompts):
+    from teacli.models import attention_implementation
+
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped K/V heads
+    width = max(len(p) for p in prompts) + 3  # extra left padding on every row
+    ids = torch.full((len(prompts), width), tok.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        with attention_implementation(model, "eager"):
+            eager = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+            assert model.config._attn_implementation == "eager"
+        with attention_implementation(model, "sdpa_gqa"):
+            gqa = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    assert model.config._attn_implementation == "sdpa"  # the model's own is restored
+    real = mask.bool()
+    torch.testing.assert_close(gqa[real], eager[real], rtol=1e-5, atol=1e-5)
+
+
+def test_new_path_samples_what_the_old_path_samples(model, tok, prompts):
+    """Greedy decoding identical, and for a fixed seed the same samples (same logits up to rounding,
+    same RNG draws), with prompts of different lengths in one batch."""
+    old, new = HFEngine(model, tok, batch_size=5, **OLD), HFEngine(model, tok, batch_size=5, **NEW)
+    for kw in ({"top_k": 1}, {}, {"top_k": 20, "top_p": 0.9, "temperature": 0.8}):
+        s = sample(max_new_tokens=24, **kw)
+        assert ids_of(new.generate(prompts, n=4, sampling=s, seed=9)) == ids_of(old.generate(prompts, n=4, sampling=s, seed=9)), kw
+    want = [greedy(model, tok, p, 24) for p in prompts]
+    assert [row[0].token_ids for row in new.generate(prompts, n=1, sampling=sample(top_k=1, max_new_tokens=24), seed=0)] == want
+
+
+def test_static_cache_length_is_bucketed(model, tok, prompts, monkeypatch):
+    import transformers
+
+    lengths = []
+    real = transformers.StaticCache
+
+    class Spy(real):
+        def __init__(self, *a, **kw):
+            lengths.append(kw["max_cache_len"])
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(transformers, "StaticCache", Spy)
+    engine = HFEngine(model, tok, batch_size=64, cache_bucket=16, **NEW)
+    for p in prompts:  # three prompt widths, all under 16 tokens
+        assert len(p) <= 16
+        engine.generate([p], n=2, sampling=sample(max_new_tokens=5), seed=0)
+    assert lengths == [16 + 5] * 3
+    assert engine.resolved(torch.device("cpu")) == (False, True)
+    assert HFEngine(model, tok).resolved(torch.device("cpu")) == (False, False)  # auto: no compile, dynamic cache on CPU
+    assert HFEngine(model, tok).resolved(torch.device("cuda")) == (True, True)  # auto on CUDA
+
+
+def exact_next_token_probs(model, ids, temperature, top_k, top_p) -> torch.Tensor:
+    """The sampling contract written out: softmax(logits / T), then top-k, then top-p (renormalized)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].double() / temperature
+    if top_k:
+        logits[logits < logits.topk(top_k).values[-1]] = -float("inf")
+    probs = logits.softmax(-1)
+    order = probs.argsort(descending=True)
+    keep = probs[order].cumsum(0) - probs[order] < top_p
+    mask = torch.zeros_like(probs, dtype=torch.bool)
+    mask[order[keep]] = True
+    probs = torch.where(mask, probs, torch.zeros_like(probs))
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 0.8), (1.3, 5, 0.95)])
+def test_second_token_distribution_is_the_contract_on_the_static_path(model, tok, prompts, temperature, top_k, top_p):
+    """2,000 second tokens, drawn in a decode step from the static cache: the contract's support,
+    frequencies within sampling noise of it. The prefill's logits are biased towards one token, so
+    every sample continues the same first token (the decode step's logits are the model's own)."""
+    prompt, first = prompts[1], tok.convert_tokens_to_ids("paris")
+    calls = []
+
+    def bias_prefill(_module, _inputs, out):
+        calls.append(out.shape)
+        if len(calls) == 1:  # the prefill: one batch, so one prefill call
+            out = out.clone()
+            out[..., first] += 100.0
+        return out
+
+    engine = HFEngine(model, tok, batch_size=2000, cache_bucket=16, **NEW)
+    handle = model.lm_head.register_forward_hook(bias_prefill)
+    try:
+        out = engine.generate([prompt], n=2000, sampling=sample(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=2), seed=11)
+    finally:
+        handle.remove()
+    assert len(calls) == 2 and all(c.token_ids[0] == first for c in out[0])
+    seconds = torch.tensor([c.token_ids[1] for c in out[0]])
+    exact = exact_next_token_probs(model, prompt + [first], temperature, top_k, top_p)
+    counts = torch.bincount(seconds, minlength=exact.numel()).double()
+    assert exact[counts > 0].min() > 0  # never a token the contract excludes
+    tv = 0.5 * float((counts / counts.sum() - exact).abs().sum())
+    noise = 0.5 * float((2 * exact * (1 - exact) / (torch.pi * counts.sum())).sqrt().sum())  # E[TV] of a correct sampler
+    assert tv < 1.5 * noise + 0.01, (tv, noise)
+
+
+def test_bad_engine_settings_name_the_key(model, tok):
+    for kw, key in (({"attention": "flash"}, "rollout.attention"), ({"kv_cache": "paged"}, "rollout.kv_cache"),
+                    ({"compile": "yes"}, "rollout.compile"), ({"compile": True, "kv_cache": "dynamic"}, "rollout.compile"),
+                    ({"cache_bucket": 0}, "rollout.cache_bucket")):
+        with pytest.raises(ValueError, match=key):
+            HFEngine(model, tok, **kw)
+
+
+def test_build_engine_passes_the_speed_settings(model, tok):
+    engine = build_engine(RolloutConfig(engine="hf", attention="eager", kv_cache="static", compile=False, cache_bucket=32), model, tok)
+    assert (engine.attention, engine.kv_cache, engine.compile, engine.cache_bucket) == ("eager", "static", False, 32)
+
+
+def test_fast_path_on_a_peft_wrapped_policy(model, tok, prompts):
+    peft = pytest.importorskip("peft")
+    import copy
+
+    wrapped = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    s = sample(top_k=1, max_new_tokens=12)  # LoRA starts at zero: the base model's greedy completions
+    want = ids_of(HFEngine(model, tok, batch_size=8, **OLD).generate(prompts, n=2, sampling=s, seed=0))
+    assert ids_of(HFEngine(wrapped, tok, batch_size=8, **NEW).generate(prompts, n=2, sampling=s, seed=0)) == want
+    assert wrapped.get_base_model().config._attn_implementation == "sdpa"  # restored

@@ -1,0 +1,319 @@
+"""tea's training step against TRL's GRPOTrainer on the same workload, one after the other, in one invocation.
+
+    # one GPU (the issue's workload): Llama-3.2-1B shape, random init, bf16
+    python benchmarks/vs_trl.py --json vs_trl.json
+    # CPU smoke run: tiny model and shapes
+    python benchmarks/vs_trl.py --small
+
+Workload (issue 12): 4 prompts of 128 random tokens x m = 64 completions x 256 new tokens per step,
+beta = 0.1 (k3 KL to a frozen reference), temperature 1, no top-p/top-k, no vLLM: both generate with
+transformers on the training GPU. The model is random-initialised from Llama-3.2-1B's shape (hidden
+2048, 16 layers, 32/8 heads, vocabulary 128,256, tied embeddings); a random model almost never emits
+EOS, so every completion has 256 tokens. The reward is a cheap deterministic function of the text.
+
+  * tea: `teacli.train.loop.train_step` over a DeepSpeed ZeRO-2 engine (bf16, fp32 master weights),
+    generation by the `hf` rollout engine with its defaults (sdpa_gqa attention, bucketed static
+    cache, torch.compile on CUDA), TEA advantages; gradient checkpointing per --tea-grad-ckpt
+    (`auto` = the recipe rule of policy.gradient_checkpointing: auto), micro-batch --tea-micro-batch.
+  * TRL: `trl.GRPOTrainer` (optional benchmark dependency: `pip install trl`), bf16, gradient
+    checkpointing, per-device batch --trl-micro-batch, gradient accumulation so that one optimizer
+    step is one generation of the 4 x 64 completions, transformers generate (TRL's default).
+
+Each side runs --steps measured steps after one warm-up step (compilation happens there); the table
+gives medians. MFU = 6 N tokens / time / 989e12 (H200 dense bf16) over tea's backward+step phase,
+N = parameters (tied embeddings once), tokens = prompt + completion tokens trained. Peak memory is
+torch's max_memory_allocated over a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_step import tokenizer_for  # noqa: E402
+
+H200_BF16_FLOPS = 989e12
+
+
+def shapes(small: bool) -> dict:
+    if small:
+        return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    return dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+
+
+def llama_config(small: bool):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**shapes(small), max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=500000.0)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def reward_of(text: str) -> float:
+    return (sum(map(ord, text[:64])) % 997) / 997.0
+
+
+def prompts_for(step: int, args, vocab: int) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, vocab - 2, (args.prompts, args.prompt_len), generator=g).tolist()
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------------------------
+# tea
+
+
+def run_tea(args, device) -> dict:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from teacli.advantages import compute_advantages
+    from teacli.config import Recipe
+    from teacli.logprobs import resolved_kind
+    from teacli.rollout.hf import HFEngine
+    from teacli.train import backend
+    from teacli.train.loop import train_step
+    from teacli.types import SamplingConfig
+
+    world = backend.init_world()
+    config = llama_config(args.small)
+    tokenizer = tokenizer_for(config.vocab_size)
+    config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    recipe = Recipe()
+    recipe.backend.zero_stage = 2
+    recipe.backend.precision = "bf16" if device.type == "cuda" or backend.bf16_supported(device) else "fp32"
+    recipe.optim.micro_batch_size = args.tea_micro_batch
+    recipe.kl.beta, recipe.kl.estimator = args.beta, "k3"
+    recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = args.prompt_len, args.new_tokens
+    recipe.policy.gradient_checkpointing = {"auto": "auto", "true": True, "false": False}[args.tea_grad_ckpt]
+    seqs = args.prompts * args.group_size
+    grad_accum = -(-seqs // args.tea_micro_batch)
+
+    torch.manual_seed(0)
+    policy = LlamaForCausalLM(config).to(device)
+    grad_ckpt = backend.gradient_checkpointing(recipe, policy, world)
+    if grad_ckpt:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.config.use_cache = False
+    dtype = torch.bfloat16 if recipe.backend.precision == "bf16" else torch.float32
+    reference = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    reference.load_state_dict(policy.state_dict())
+    n_params = sum(p.numel() for p in policy.parameters())
+    engine = backend.build_engine(policy, recipe, world, grad_accum, recipe.backend.precision)
+    rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
+    compiled, static = rollout.resolved(device)
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
+
+    rows = []
+    for step in range(args.steps + 1):
+        prompt_ids = prompts_for(step, args, config.vocab_size)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync(device)
+        t0 = time.perf_counter()
+        groups = rollout.generate(prompt_ids, args.group_size, sampling, seed=step)
+        sync(device)
+        t1 = time.perf_counter()
+        rewards = torch.tensor([reward_of(c.text) for g in groups for c in g]).reshape(args.prompts, args.group_size)
+        advantages = compute_advantages("tea", rewards.double()).float()
+        t2 = time.perf_counter()
+        profile = args.profile and step == args.steps and device.type == "cuda"
+        with _profiler(profile, args.profile):
+            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device)
+            sync(device)
+        t3 = time.perf_counter()
+        new_tokens = sum(len(c.token_ids) for g in groups for c in g)
+        trained_tokens = new_tokens + seqs * args.prompt_len
+        backward = t3 - t2 - stats["time_ref_logprobs"]
+        rows.append({
+            "step": step, "step_s": t3 - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1,
+            "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward,
+            "new_tokens": new_tokens, "gen_tok_per_s": new_tokens / (t1 - t0),
+            "mfu_backward_step": 6 * n_params * trained_tokens / backward / H200_BF16_FLOPS,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+        })
+        print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
+    settings = {
+        "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
+        "logprobs": resolved_kind(engine, device), "attention": rollout.attention, "static_cache": static, "compile": compiled,
+        "params": n_params,
+    }
+    del engine, policy, reference, rollout
+    _free(device)
+    return {"rows": rows, "settings": settings}
+
+
+# ------------------------------------------------------------------------------------------------
+# TRL
+
+
+def run_trl(args, device) -> dict:
+    import torch
+
+    try:
+        from datasets import Dataset
+        from transformers import LlamaForCausalLM, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as exc:
+        return {"skipped": f"TRL is not installed ({exc}); `pip install trl` to compare"}
+
+    config = llama_config(args.small)
+    tokenizer = tokenizer_for(config.vocab_size)
+    config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    bf16 = device.type == "cuda"
+    with tempfile.TemporaryDirectory(prefix="tea_vs_trl_") as tmp:
+        torch.manual_seed(0)
+        # TRL builds its reference model from the policy's path: save the random model once.
+        LlamaForCausalLM(config).to(torch.bfloat16 if bf16 else torch.float32).save_pretrained(f"{tmp}/model")
+        tokenizer.save_pretrained(f"{tmp}/model")
+        texts = [" ".join(f"t{i}" for i in ids) for step in range(args.steps + 1) for ids in prompts_for(step, args, config.vocab_size)]
+        dataset = Dataset.from_dict({"prompt": texts})
+        seqs = args.prompts * args.group_size
+        mb = min(args.trl_micro_batch, seqs)
+        cfg = GRPOConfig(
+            output_dir=f"{tmp}/out", max_steps=args.steps + 1, learning_rate=1e-6, beta=args.beta,
+            num_generations=args.group_size, max_completion_length=args.new_tokens,
+            per_device_train_batch_size=mb, gradient_accumulation_steps=seqs // mb,
+            temperature=1.0, top_p=1.0, top_k=0, gradient_checkpointing=True, bf16=bf16,
+            model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32, "attn_implementation": "sdpa"},
+            report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+            use_cpu=device.type != "cuda", shuffle_dataset=False, dataloader_num_workers=0,
+        )
+        times: list[dict] = []
+
+        class Timer(TrainerCallback):
+            def on_step_begin(self, a, state, control, **kw):
+                if not times or "end" in times[-1]:
+                    sync(device)
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    times.append({"begin": time.perf_counter()})
+
+            def on_step_end(self, a, state, control, **kw):
+                sync(device)
+                times[-1]["end"] = time.perf_counter()
+                times[-1]["peak"] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+
+        def reward(completions, **kw):
+            return [reward_of(c) for c in completions]
+
+        trainer = GRPOTrainer(model=f"{tmp}/model", reward_funcs=reward, args=cfg, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=[Timer()])
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+        rows = [{"step": i, "step_s": t["end"] - t["begin"], "peak_mem_gib": t["peak"]} for i, t in enumerate(times)]
+        for row, log in zip(rows, logs):
+            row["completion_len"] = log.get("completions/mean_length")
+        settings = {"trl": __import__("trl").__version__, "micro_batch": mb, "grad_accum": seqs // mb, "grad_ckpt": True,
+                    "precision": "bf16" if bf16 else "fp32", "generation": "transformers generate"}
+        del trainer
+    _free(device)
+    return {"rows": rows, "settings": settings}
+
+
+@contextlib.contextmanager
+def _profiler(on: bool, path: str | None):
+    """torch.profiler over the last tea step's training phase: a table of where the GPU time goes."""
+    if not on:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield prof
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    Path(path).write_text(table)
+    print(f"profile of the last tea training phase written to {path}", file=sys.stderr)
+
+
+def _free(device) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=3, help="measured steps per side (after one warm-up step)")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--group-size", type=int, default=64, help="m: completions per prompt")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--gen-batch", type=int, default=256, help="tea: sequences per generate call")
+    p.add_argument("--tea-micro-batch", type=int, default=64)
+    p.add_argument("--tea-grad-ckpt", choices=["auto", "true", "false"], default="auto")
+    p.add_argument("--trl-micro-batch", type=int, default=16)
+    p.add_argument("--only", choices=["tea", "trl"], default=None, help="run one side only")
+    p.add_argument("--small", action="store_true", help="tiny model and shapes (CPU smoke run)")
+    p.add_argument("--json", default=None, help="also write every step's numbers here")
+    p.add_argument("--profile", default=None, help="CUDA: write a torch.profiler table of tea's last training phase here")
+    args = p.parse_args()
+    if args.small:
+        args.prompts, args.prompt_len, args.group_size, args.new_tokens = 2, 16, 8, 8
+        args.gen_batch, args.tea_micro_batch, args.trl_micro_batch = 16, 8, 8
+        args.steps = min(args.steps, 2)
+
+    import torch
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results = {}
+    if args.only in (None, "tea"):
+        results["tea"] = run_tea(args, device)
+    if args.only in (None, "trl"):
+        results["trl"] = run_trl(args, device)
+
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"\n{name}: {args.prompts} prompts x {args.prompt_len} tokens x m={args.group_size} x {args.new_tokens} new tokens, "
+          f"beta={args.beta}; median of {args.steps} steps after 1 warm-up")
+    med = {}
+    for side, res in results.items():
+        if "rows" in res:
+            measured = res["rows"][1:] or res["rows"]
+            med[side] = {k: statistics.median(r[k] for r in measured) for k in measured[0] if k != "step" and measured[0][k] is not None}
+            print(f"{side}: " + ", ".join(f"{k}={v}" for k, v in res["settings"].items()))
+        else:
+            print(f"{side}: {res['skipped']}")
+    print("\n| | step s | generate s | ref log-probs s | backward+step s | generated tok/s | MFU (backward+step) | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    if "tea" in med:
+        t = med["tea"]
+        print(f"| tea | {t['step_s']:.2f} | {t['generate_s']:.2f} | {t['ref_logprobs_s']:.2f} | {t['backward_step_s']:.2f} | "
+              f"{t['gen_tok_per_s']:,.0f} | {100 * t['mfu_backward_step']:.1f}% | {t['peak_mem_gib']:.1f} |")
+    if "trl" in med:
+        t = med["trl"]
+        print(f"| TRL GRPOTrainer | {t['step_s']:.2f} | | | | | | {t['peak_mem_gib']:.1f} |")
+    if "tea" in med and "trl" in med:
+        print(f"\ntea step / TRL step = {med['tea']['step_s'] / med['trl']['step_s']:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "args": vars(args), "results": results, "medians": med}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

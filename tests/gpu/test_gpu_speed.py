@@ -1,0 +1,109 @@
+"""GPU checks of issue 12's fast paths (`python -m pytest -m gpu tests/gpu`): the hf engine with
+sdpa_gqa attention, the bucketed static cache and torch.compile; liger-kernel's fused log-probs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+TESTS = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    sys.path.insert(0, str(TESTS))
+    return torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def tiny(cuda):
+    from tiny_lm import make_causal_lm, make_tokenizer
+
+    from teacli.models import encode_chat
+
+    tok = make_tokenizer()
+    model = make_causal_lm(tok).to(cuda)
+    questions = ["what is the capital of france", "write a short poem about the sea", "one two three"]
+    prompts = [encode_chat(tok, [{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
+    return tok, model, prompts
+
+
+def test_compiled_static_sdpa_gqa_generation_matches_the_old_path(tiny, cuda):
+    import torch
+    from torch._dynamo.utils import counters
+
+    from teacli.rollout.hf import HFEngine
+    from teacli.types import SamplingConfig
+
+    tok, model, prompts = tiny
+    old = HFEngine(model, tok, batch_size=8, attention="sdpa", kv_cache="dynamic", compile=False)
+    new = HFEngine(model, tok, batch_size=8)  # the defaults: sdpa_gqa, static cache, compile on CUDA
+    assert new.resolved(cuda) == (True, True)
+    greedy = SamplingConfig(temperature=1.0, top_p=1.0, top_k=1, max_new_tokens=24)
+    want = [[c.token_ids for c in row] for row in old.generate(prompts, 3, greedy, seed=0)]
+    for _ in range(2):  # the second call reuses the compiled decode step
+        got = [[c.token_ids for c in row] for row in new.generate(prompts, 3, greedy, seed=0)]
+        assert got == want
+    assert counters["stats"]["unique_graphs"] > 0  # it did compile
+    sampled = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=24)
+    a = new.generate(prompts, 4, sampled, seed=5)
+    b = new.generate(prompts, 4, sampled, seed=5)
+    assert [[c.token_ids for c in r] for r in a] == [[c.token_ids for c in r] for r in b]  # reproducible
+    assert all(c.finished == (c.token_ids[-1] == tok.eos_token_id) for r in a for c in r)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_liger_logprobs_match_the_chunked_and_full_logits(tiny, cuda, dtype):
+    pytest.importorskip("liger_kernel")
+    import torch
+
+    from teacli.logprobs import resolved_kind, token_logprobs
+
+    tok, model, _ = tiny
+    model = type(model)(model.config).to(cuda, getattr(torch, dtype))
+    model.load_state_dict(tiny[1].state_dict())
+    model.train()
+    assert resolved_kind(model, cuda) == "liger"
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 60, (4, 13), generator=g).to(cuda)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    mask[2, 10:] = 0
+    weights = torch.randn(4, 7, generator=g).to(cuda)
+    results = {}
+    for kind in ("plain", "chunked", "liger"):
+        model.zero_grad(set_to_none=True)
+        value = token_logprobs(model, ids, mask, 6, fused=kind)
+        (value * weights).sum().backward()
+        results[kind] = (value.detach(), {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None})
+    # Relative error in norm: bf16 gradients differ elementwise by rounding (each path rounds its own
+    # bf16 logits-gradient chunks), so elementwise tolerances would test bf16, not the computation.
+    tol = {"float32": 1e-4, "bfloat16": 3e-2}[dtype]
+
+    def rel(a, b):
+        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+    for kind in ("chunked", "liger"):
+        assert rel(results[kind][0], results["plain"][0]) < tol, kind
+        errors = {name: rel(results[kind][1][name], grad) for name, grad in results["plain"][1].items()}
+        assert max(errors.values()) < tol, (kind, errors)
+
+
+def test_gradient_checkpointing_auto_is_off_for_a_small_model_on_a_big_gpu(tiny, cuda):
+    from teacli.config import Recipe
+    from teacli.train.backend import World, gradient_checkpointing
+
+    recipe = Recipe()
+    recipe.policy.gradient_checkpointing = "auto"
+    world = World(rank=0, world_size=1, local_rank=0, device=cuda)
+    assert gradient_checkpointing(recipe, tiny[1], world) is False
+    recipe.optim.micro_batch_size, recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = 10**6, 10**4, 10**4
+    assert gradient_checkpointing(recipe, tiny[1], world) is True

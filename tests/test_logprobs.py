@@ -1,0 +1,103 @@
+"""token_logprobs: the chunked head (never the whole [tokens, vocabulary] log-softmax) gives the
+same values and gradients as the model's full logits, on ragged left-padded, right-padded batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_lm import make_causal_lm, make_tokenizer
+
+import teacli.logprobs as lp_mod
+from teacli.logprobs import resolved_kind, token_logprobs
+
+N_PROMPT, N_COMP = 6, 7
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+def batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 60, (4, N_PROMPT + N_COMP), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding of different widths
+    mask[1, :1] = 0
+    mask[2, N_PROMPT + 4 :] = 0  # right padding: completions of different lengths
+    mask[3, N_PROMPT + 1 :] = 0
+    return ids, mask
+
+
+def independent_logprobs(model, ids, mask):
+    """Each row on its own, unpadded, through the model's full logits and torch's log_softmax."""
+    out = torch.zeros(ids.shape[0], N_COMP)
+    for b in range(ids.shape[0]):
+        keep = mask[b].bool()
+        seq = ids[b, keep][None]
+        n_prompt = int(mask[b, :N_PROMPT].sum())
+        logits = model(input_ids=seq).logits[0].float().log_softmax(-1)
+        n = seq.shape[1] - n_prompt
+        out[b, :n] = logits[n_prompt - 1 : -1].gather(-1, seq[0, n_prompt:, None]).squeeze(-1)
+    return out
+
+
+def grads_of(model, kind, ids, mask, weights):
+    model.zero_grad(set_to_none=True)
+    value = token_logprobs(model, ids, mask, N_PROMPT, fused=kind)
+    (value * weights).sum().backward()
+    return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_chunked_equals_full_logits_values_and_gradients(tok, monkeypatch, tied):
+    model = make_causal_lm(tok, tie_word_embeddings=tied).float().train()
+    monkeypatch.setattr(lp_mod, "CHUNK_ELEMENTS", 5 * len(tok))  # 5 rows per chunk: 16 valid tokens → 4 chunks
+    ids, mask = batch()
+    weights = torch.randn(ids.shape[0], N_COMP, generator=torch.Generator().manual_seed(1))
+    plain, g_plain = grads_of(model, "plain", ids, mask, weights)
+    chunked, g_chunked = grads_of(model, "chunked", ids, mask, weights)
+    valid = mask[:, N_PROMPT:].bool()
+    with torch.no_grad():
+        expected = independent_logprobs(model.eval(), ids, mask)
+    torch.testing.assert_close(plain[valid], expected[valid], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-6)
+    assert (chunked[~valid] == 0).all() and (chunked[valid] < 0).all()
+    assert g_plain.keys() == g_chunked.keys()
+    assert tied or "lm_head.weight" in g_plain
+    for name in g_plain:
+        torch.testing.assert_close(g_chunked[name], g_plain[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_no_grad_path_and_kind(tok):
+    model = make_causal_lm(tok).float()
+    ids, mask = batch()
+    with torch.no_grad():
+        a = token_logprobs(model, ids, mask, N_PROMPT)
+        b = token_logprobs(model, ids, mask, N_PROMPT, fused="plain")
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert resolved_kind(model, torch.device("cpu")) == "chunked"  # liger is CUDA-only
+    with pytest.raises(ValueError, match="liger"):
+        token_logprobs(model, ids, mask, N_PROMPT, fused="liger")
+    with pytest.raises(ValueError, match="fused"):
+        token_logprobs(model, ids, mask, N_PROMPT, fused="fast")
+
+
+def test_softcapped_logits_take_the_plain_path(tok):
+    model = make_causal_lm(tok).float()
+    model.config.final_logit_softcapping = 30.0  # logits ≠ head(hidden): the chunked head would be wrong
+    assert resolved_kind(model, torch.device("cpu")) == "plain"
+
+
+def test_peft_wrapped_policy(tok):
+    peft = pytest.importorskip("peft")
+    model = make_causal_lm(tok).float().train()
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    ids, mask = batch()
+    weights = torch.randn(ids.shape[0], N_COMP, generator=torch.Generator().manual_seed(2))
+    plain, g_plain = grads_of(wrapped, "plain", ids, mask, weights)
+    chunked, g_chunked = grads_of(wrapped, "chunked", ids, mask, weights)
+    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-6)
+    assert g_plain and g_plain.keys() == g_chunked.keys()
+    for name in g_plain:
+        torch.testing.assert_close(g_chunked[name], g_plain[name], rtol=1e-4, atol=1e-6, msg=name)
