@@ -131,7 +131,7 @@ class RunDir:
         if not path.exists():
             return 0
         kept = []
-        for line in path.read_text().splitlines():
+        for line in path.read_text().split("\n"):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
@@ -147,7 +147,7 @@ class RunDir:
         if not path.exists():
             return []
         out = []
-        for line in path.read_text().splitlines():
+        for line in path.read_text().split("\n"):
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:

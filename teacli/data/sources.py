@@ -248,7 +248,7 @@ def builtin_stream() -> Stream:
     resource = files("teacli.data").joinpath("builtin", "prompts.jsonl")
 
     def rows() -> Iterator[tuple[str, Row | BadRow]]:
-        for lineno, line in enumerate(resource.read_text(encoding="utf-8").splitlines(), start=1):
+        for lineno, line in enumerate(resource.read_text(encoding="utf-8").split("\n"), start=1):
             if line.strip():
                 yield f"builtin/prompts.jsonl:{lineno}", json.loads(line)
 

@@ -324,7 +324,7 @@ def read_pool(path: Path) -> list[dict[str, Any]]:
         with open(path, "r+b") as f:
             f.truncate(end)
     out = []
-    for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
+    for lineno, line in enumerate(data[:end].decode("utf-8").split("\n")[:-1], 1):
         try:
             rec = json.loads(line)
             assert isinstance(rec["prompt_id"], str) and isinstance(rec["completions"], list)

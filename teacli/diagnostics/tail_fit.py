@@ -101,7 +101,7 @@ def read_run(run: Path, name: str, checkpoint: str = "selected", split: str | No
         raise TailFitError(str(exc)) from None
     prompts_file = path.with_name(f"{split_name}.prompts.jsonl")
     if prompts_file.is_file():
-        order = [json.loads(line)["prompt_id"] for line in prompts_file.read_text().splitlines() if line.strip()]
+        order = [json.loads(line)["prompt_id"] for line in prompts_file.read_text().split("\n") if line.strip()]
     else:
         order = list(dict.fromkeys(str(r["prompt_id"]) for r in records))
     for i, rec in enumerate(records, 1):

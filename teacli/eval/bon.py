@@ -168,7 +168,7 @@ def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
             f.flush()
             os.fsync(f.fileno())
     out = []
-    for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
+    for lineno, line in enumerate(data[:end].decode("utf-8").split("\n")[:-1], 1):
         if not line.strip():
             continue
         try:
@@ -406,7 +406,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
 
     prompt_lines = [{"prompt_id": p.id, "messages": [dict(m) for m in p.messages]} for p in kept]
     if files.prompts.exists():
-        on_disk = [json.loads(line)["prompt_id"] for line in files.prompts.read_text().splitlines() if line.strip()]
+        on_disk = [json.loads(line)["prompt_id"] for line in files.prompts.read_text().split("\n") if line.strip()]
         if on_disk != order:
             raise EvalError(
                 f"{files.prompts} lists other prompts than split {split!r} of {data_dir or recipe.data.dir} now gives; "

@@ -306,7 +306,7 @@ def read_judge(run: Path) -> list[JudgeRow]:
         if not (m and p.is_file()):
             continue
         win = loss = invalid = 0
-        lines = p.read_text().splitlines()
+        lines = p.read_text().split("\n")
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
