@@ -1,0 +1,36 @@
+"""docs/results.md quotes the files the embedded study wrote: every `<!-- quote: FILE -->` block
+must equal FILE (under docs/) verbatim, every linked image and file must exist, and results.md must
+be what docs/results/build_doc.py renders from docs/results.src.md (no hand edits, no typed numbers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _build_doc():
+    spec = importlib.util.spec_from_file_location("build_doc", DOCS / "results" / "build_doc.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_quote_equals_its_file():
+    text = (DOCS / "results.md").read_text()
+    blocks = re.findall(r"^<!-- quote: (\S+) -->\n(.*?)\n<!-- /quote -->$", text, flags=re.S | re.M)
+    assert len(blocks) >= 10
+    for name, body in blocks:
+        assert body == (DOCS / name).read_text().rstrip("\n"), f"docs/results.md's quote of {name} differs from the file"
+
+
+def test_results_md_is_rendered_from_its_source():
+    assert _build_doc().render((DOCS / "results.src.md").read_text()) == (DOCS / "results.md").read_text()
+
+
+def test_links_resolve():
+    text = (DOCS / "results.md").read_text()
+    for target in re.findall(r"\]\((results/[^)]+)\)", text):
+        assert (DOCS / target).exists(), target
