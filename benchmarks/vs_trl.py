@@ -6,7 +6,7 @@
     python benchmarks/vs_trl.py --small
 
 Workload (issue 12): 4 prompts of 128 random tokens x m = 64 completions x 256 new tokens per step,
-beta = 0.1 (k3 KL to a frozen reference), temperature 1, no top-p/top-k, no vLLM: both generate with
+beta = 0.1 (per-token k3 KL to a frozen reference: kl.estimator grpo_k3, as TRL), temperature 1, no top-p/top-k, no vLLM: both generate with
 transformers on the training GPU. The model is random-initialised from Llama-3.2-1B's shape (hidden
 2048, 16 layers, 32/8 heads, vocabulary 128,256, tied embeddings); a random model almost never emits
 EOS, so every completion has 256 tokens. The reward is a cheap deterministic function of the text.
@@ -100,7 +100,7 @@ def run_tea(args, device) -> dict:
     recipe.backend.zero_stage = 2
     recipe.backend.precision = "bf16" if device.type == "cuda" or backend.bf16_supported(device) else "fp32"
     recipe.optim.micro_batch_size = args.tea_micro_batch
-    recipe.kl.beta, recipe.kl.estimator = args.beta, "k3"
+    recipe.kl.beta, recipe.kl.estimator = args.beta, "grpo_k3"  # TRL's per-token k3, so both sides compute the same loss
     recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = args.prompt_len, args.new_tokens
     recipe.policy.gradient_checkpointing = {"auto": "auto", "true": True, "false": False}[args.tea_grad_ckpt]
     seqs = args.prompts * args.group_size
