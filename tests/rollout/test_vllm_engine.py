@@ -116,9 +116,20 @@ def optimizer_step(model, tok, prompts, lr=3e-2) -> None:
 class PlainEngine:
     """The slice of DeepSpeedEngine that `teacli.train.loop.train_step` uses, around a plain module and SGD."""
 
+    global_steps = 0  # DeepSpeed's optimizer update counter (train_step records it)
+
     def __init__(self, module):
         self.module = module
         self.opt = torch.optim.SGD(module.parameters(), lr=1e-3)
+
+    def zero_optimization(self):  # plain fp32, no ZeRO: train_step takes the pre-clip norm itself
+        return False
+
+    def bfloat16_enabled(self):
+        return False
+
+    def fp16_enabled(self):
+        return False
 
     def __call__(self, **kwargs):
         return self.module(**kwargs)
