@@ -105,6 +105,16 @@ TINY_RECIPE: dict[str, Any] = {
 }
 
 
+def make_assets(root: Path) -> Path:
+    """A tiny policy saved in root/policy and the built-in prompt set prepared in root/data: what the CLI tests train on."""
+    from teacli.data.prepare import prepare
+
+    tok = make_tokenizer()
+    save(make_causal_lm(tok), tok, root / "policy")
+    prepare("builtin", root / "data")
+    return root
+
+
 def tiny_recipe(policy_dir: Path, data_dir: Path, /, **overrides: Any) -> dict[str, Any]:
     """The tests' recipe for the tiny policy at `policy_dir` on the prepared prompts at `data_dir`.
 

@@ -105,14 +105,9 @@ def test_gram_in_row_blocks_equals_one_pass():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from tiny_lm import make_causal_lm, make_tokenizer, save
+    from tiny_lm import make_assets
 
-    from teacli.data.prepare import prepare
-
-    root = tmp_path_factory.mktemp("alignment")
-    tok = make_tokenizer()
-    save(make_causal_lm(tok), tok, root / "policy")
-    prepare("builtin", root / "data")
+    root = make_assets(tmp_path_factory.mktemp("alignment"))
     recipe = tiny_recipe(root / "policy", root / "data", name="tiny_align", rollout__max_new_tokens=6)
     write_recipe(root / "recipe.yaml", recipe)
     return root

@@ -35,14 +35,9 @@ def env(tmp: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A tiny run directory: 2 steps of `tea train`, checkpoints at steps 1 and 2, one selected."""
-    from tiny_lm import make_causal_lm, make_tokenizer, save
+    from tiny_lm import make_assets
 
-    from teacli.data.prepare import prepare
-
-    root = tmp_path_factory.mktemp("eval_assets")
-    tok = make_tokenizer()
-    save(make_causal_lm(tok), tok, root / "policy")
-    prepare("builtin", root / "data")
+    root = make_assets(tmp_path_factory.mktemp("eval_assets"))
     heldout = (root / "data" / "heldout.jsonl").read_text().splitlines()
     (root / "data" / f"{SPLIT}.jsonl").write_text("\n".join(heldout[:5]) + "\n")
     recipe = tiny_recipe(

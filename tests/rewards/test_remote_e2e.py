@@ -26,14 +26,9 @@ SPLIT, M = "tiny", 4
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from tiny_lm import make_causal_lm, make_tokenizer, save
+    from tiny_lm import make_assets
 
-    from teacli.data.prepare import prepare
-
-    root = tmp_path_factory.mktemp("remote_assets")
-    tok = make_tokenizer()
-    save(make_causal_lm(tok), tok, root / "policy")
-    prepare("builtin", root / "data")
+    root = make_assets(tmp_path_factory.mktemp("remote_assets"))
     heldout = (root / "data" / "heldout.jsonl").read_text().splitlines()
     (root / "data" / f"{SPLIT}.jsonl").write_text("\n".join(heldout[:3]) + "\n")
     return root

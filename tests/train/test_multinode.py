@@ -20,15 +20,9 @@ from tiny_lm import tea_env, tiny_recipe, write_recipe  # noqa: E402
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from tiny_lm import make_causal_lm, make_tokenizer, save
+    from tiny_lm import make_assets
 
-    from teacli.data.prepare import prepare
-
-    root = tmp_path_factory.mktemp("multinode_assets")
-    tok = make_tokenizer()
-    save(make_causal_lm(tok), tok, root / "policy")
-    prepare("builtin", root / "data")
-    return root
+    return make_assets(tmp_path_factory.mktemp("multinode_assets"))
 
 
 def free_port() -> int:
