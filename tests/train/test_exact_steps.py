@@ -42,10 +42,6 @@ def test_micro_batches_are_exactly_n_sorted_and_even():
 @pytest.fixture(scope="module")
 def world():
     saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    # Modules that prove they never need deepspeed block it at import (sys.modules["deepspeed"] = None);
-    # in a full run they are collected before this one, so lift the block for this module's real engine.
-    if "deepspeed" in sys.modules and sys.modules["deepspeed"] is None:
-        del sys.modules["deepspeed"]
     from teacli.train import backend
 
     yield backend.init_world()
