@@ -157,6 +157,9 @@ class RolloutConfig:
     cache_bucket: int = field(
         64, "hf engine, static cache: prompts are left-padded to a multiple of this many tokens, so a run compiles once per bucket.", ge=1
     )
+    share_prefix: bool = field(
+        True, "hf engine: prefill each distinct prompt of a batch once and copy its KV cache to its n rows (vllm: prefix caching)."
+    )
     gpu_memory_utilization: float = field(0.5, "vllm: fraction of GPU memory for the engine.", gt=0.0, le=1.0)
     sleep: bool = field(True, "vllm: sleep (level 1) while training, wake for generation (GPU only).")
     verify_sync: bool = field(True, "vllm: after each weight push, check vLLM's log-probs against the trainer's.")
@@ -195,6 +198,10 @@ class OptimConfig:
     warmup_steps: int = field(0, "Linear warm-up steps.", ge=0)
     scheduler: Literal["constant", "cosine", "linear"] = field("constant", "Learning-rate schedule after warm-up.")
     max_grad_norm: float = field(1.0, "Gradient clipping norm (0 = off).", ge=0.0)
+    share_prompts: bool = field(
+        True, "Run each distinct prompt of a micro-batch through the model once and its m completions on its KV cache "
+        "(same log-probs and gradients, the prompt's work done once instead of m times); off with gradient checkpointing.",
+    )
     micro_batch_size: int = field(8, "At most this many sequences per forward/backward: a rank's P*m/W sequences are split evenly into ceil(P*m/W / this) length-sorted micro-batches, one optimizer update per step.", ge=1)
 
 

@@ -50,36 +50,65 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    n_completion = input_ids.shape[1] - n_prompt
     head, decoder = _head_and_decoder(model)
     if fused == "plain" or head is None:
         return _plain(model, input_ids, attention_mask, position_ids, n_prompt)
 
-    captured: dict[str, Any] = {}
+    hidden = _hidden_states(model, decoder, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    hidden = hidden[:, n_prompt - 1 : -1]  # [B, T, H]: the states that predict the completion
+    return _completion_logprobs(head, hidden, input_ids[:, n_prompt:], attention_mask[:, n_prompt:], fused)
 
-    def keep(_module, _args, output):
-        captured["hidden"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
 
-    handle = decoder.register_forward_hook(keep)
-    try:
-        # The model's own forward (so DeepSpeed/peft wrappers run), asking its head for no position.
-        model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-            logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device),
+def shared_prompt_logprobs(
+    model, prompt_ids: "Tensor", prompt_mask: "Tensor", row_of: "Tensor", completion_ids: "Tensor", completion_mask: "Tensor",
+    *, fused: str = "auto",
+) -> "Tensor":
+    """`token_logprobs` for sequences that share prompts, each prompt run through the model once.
+
+    prompt_ids/prompt_mask [U, Lp]: the distinct prompts, left-padded; row_of [B]: sequence b's
+    prompt; completion_ids/completion_mask [B, T]: right-padded completions. Returns [B, T] fp32
+    (0 at padding), equal to `token_logprobs` on the concatenated sequences up to float rounding.
+
+    The prompts run once with a KV cache; its keys and values are indexed to the B sequences and
+    the completions run on top of them. Autograd follows the indexing, so every sequence's gradient
+    reaches the prompt positions it attends to, summed over the sequences that share them, exactly
+    as in the concatenated forward. With m completions per prompt this does the prompt's work once
+    instead of m times. Not for gradient-checkpointed models (transformers drops the cache of a
+    checkpointed layer): `can_share_prompts` says when it applies.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    if fused not in FUSED_CHOICES:
+        raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
+    head, decoder = _head_and_decoder(model)
+    if fused == "plain" or head is None:
+        raise ValueError("shared_prompt_logprobs needs a plain head(hidden) model (see can_share_prompts)")
+    config = _unwrapped(model).config.get_text_config(decoder=True)
+    cache = DynamicCache(config=config)
+    last = _hidden_states(
+        model, decoder, input_ids=prompt_ids, attention_mask=prompt_mask,
+        position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp_min(0), past_key_values=cache, use_cache=True,
+    )[:, -1:]  # [U, 1, H]: predicts each prompt's first completion token
+    hidden = last[row_of]
+    if completion_ids.shape[1] > 1:  # the last completion token predicts nothing: it is not run
+        shared = DynamicCache(config=config)
+        for index, layer in enumerate(cache.layers):
+            shared.update(layer.keys[row_of], layer.values[row_of], index)
+        ids, mask = completion_ids[:, :-1], completion_mask[:, :-1]
+        start = prompt_mask.long().sum(-1)[row_of][:, None]  # each sequence's first completion position
+        rest = _hidden_states(
+            model, decoder, input_ids=ids, attention_mask=torch.cat([prompt_mask[row_of], mask], dim=1),
+            position_ids=start + torch.arange(ids.shape[1], device=ids.device), past_key_values=shared, use_cache=True,
         )
-    finally:
-        handle.remove()
-    hidden = captured["hidden"][:, n_prompt - 1 : -1]  # [B, T, H]: the states that predict the completion
-    targets = input_ids[:, n_prompt:]
-    valid = attention_mask[:, n_prompt:].bool()
-    rows = hidden[valid]  # [N, H], completion tokens only
-    tok = targets[valid]
-    kind = _resolve(fused, head, rows)
-    # Without gradients liger would still compute its input/weight gradients in forward: chunked it is.
-    grad = torch.is_grad_enabled() and rows.requires_grad
-    flat = _liger(head, rows, tok) if kind == "liger" and grad else _chunked(head, rows, tok)
-    out = torch.zeros((input_ids.shape[0], n_completion), dtype=torch.float32, device=input_ids.device)
-    return out.masked_scatter(valid, flat.float())
+        hidden = torch.cat([hidden, rest], dim=1)
+    return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused)
+
+
+def can_share_prompts(model, fused: str = "auto") -> bool:
+    """Whether `shared_prompt_logprobs` applies to `model`: logits = head(hidden), and no gradient checkpointing."""
+    head, _ = _head_and_decoder(model)
+    return fused != "plain" and head is not None and not getattr(_unwrapped(model), "is_gradient_checkpointing", False)
 
 
 def resolved_kind(model, device: Any, fused: str = "auto") -> str:
@@ -101,14 +130,53 @@ def liger_available() -> bool:
 # ------------------------------------------------------------------------------------------------
 
 
+def _unwrapped(model) -> Any:
+    """The transformers model inside a DeepSpeedEngine and/or a peft PeftModel (adapters live inside its modules)."""
+    module = getattr(model, "module", model)  # DeepSpeedEngine
+    if hasattr(module, "get_base_model"):  # peft PeftModel
+        module = module.get_base_model()
+    return module
+
+
+def _hidden_states(model, decoder, **inputs: Any) -> "Tensor":
+    """The decoder's final hidden states [B, L, H] from the model's own forward (so DeepSpeed/peft
+    wrappers run), its head asked for no position."""
+    import torch
+
+    captured: dict[str, Any] = {}
+
+    def keep(_module, _args, output):
+        captured["hidden"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    handle = decoder.register_forward_hook(keep)
+    try:
+        model(**inputs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device))
+    finally:
+        handle.remove()
+    return captured["hidden"]
+
+
+def _completion_logprobs(head, hidden: "Tensor", targets: "Tensor", mask: "Tensor", fused: str) -> "Tensor":
+    """hidden [B, T, H] (the states that predict targets [B, T]) → log-probs [B, T] fp32, 0 where mask is 0."""
+    import torch
+
+    valid = mask.bool()
+    rows = hidden[valid]  # [N, H], completion tokens only
+    tok = targets[valid]
+    kind = _resolve(fused, head, rows)
+    # Without gradients liger would still compute its input/weight gradients in forward: chunked it is.
+    grad = torch.is_grad_enabled() and rows.requires_grad
+    flat = _liger(head, rows, tok) if kind == "liger" and grad else _chunked(head, rows, tok)
+    out = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+    return out.masked_scatter(valid, flat.float())
+
+
 def _head_and_decoder(model) -> tuple[Any, Any]:
     """(the LM head module, the decoder whose output feeds it), or (None, None) when the logits are
     not simply head(decoder output) or the model does not expose them."""
     import torch
 
-    module = getattr(model, "module", model)  # DeepSpeedEngine
-    if hasattr(module, "get_base_model"):  # peft PeftModel (adapters live inside the base model's modules)
-        module = module.get_base_model()
+    module = _unwrapped(model)
     get_head, get_decoder = getattr(module, "get_output_embeddings", None), getattr(module, "get_decoder", None)
     if get_head is None or get_decoder is None:
         return None, None

@@ -101,3 +101,61 @@ def test_peft_wrapped_policy(tok):
     assert g_plain and g_plain.keys() == g_chunked.keys()
     for name in g_plain:
         torch.testing.assert_close(g_chunked[name], g_plain[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+# -- prompts shared by several sequences: each prompt runs once ---------------------------------------
+
+
+def shared_batch():
+    """Three prompts of different lengths (left padding), 2, 3 and 1 completions of ragged lengths
+    (right padding, one of a single token), sequences of a prompt not adjacent."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(10, 60, (n,), generator=g).tolist() for n in (5, 8, 3)]
+    owner = [0, 1, 0, 2, 1, 1]
+    lengths = [4, 6, 1, 5, 3, 6]
+    completions = [torch.randint(10, 60, (n,), generator=g).tolist() for n in lengths]
+    return [prompts[o] for o in owner], completions
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "sdpa_gqa", "eager"])
+def test_shared_prompts_equal_concatenated_sequences(tok, attention):
+    """Same log-probs and the same parameter gradients as running each prompt + completion whole."""
+    from teacli.logprobs import can_share_prompts, shared_prompt_logprobs
+    from teacli.models import attention_implementation
+    from teacli.train.loop import pack, pack_shared
+
+    model = make_causal_lm(tok).float().train()
+    prompts, completions = shared_batch()
+    input_ids, attn, cmask, lp = pack(prompts, completions, tok.pad_token_id, "cpu")
+    p_ids, p_mask, row_of, c_ids, c_mask = pack_shared(prompts, completions, tok.pad_token_id, "cpu")
+    assert p_ids.shape[0] == 3 and row_of.tolist() == [0, 1, 0, 2, 1, 1] and torch.equal(c_mask, cmask)
+    assert can_share_prompts(model)
+    weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(4))
+    results = []
+    with attention_implementation(model, attention):
+        for run in (lambda: token_logprobs(model, input_ids, attn, lp), lambda: shared_prompt_logprobs(model, p_ids, p_mask, row_of, c_ids, c_mask)):
+            model.zero_grad(set_to_none=True)
+            value = run()
+            (value * weights).sum().backward()
+            results.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (whole, g_whole), (shared, g_shared) = results
+    valid = cmask.bool()
+    assert (shared[~valid] == 0).all() and (shared[valid] < 0).all()
+    torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
+    assert g_whole.keys() == g_shared.keys() and "model.embed_tokens.weight" in g_shared
+    for name in g_whole:
+        torch.testing.assert_close(g_shared[name], g_whole[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_shared_prompts_not_with_checkpointing_or_plain_models(tok):
+    from teacli.logprobs import can_share_prompts, shared_prompt_logprobs
+
+    model = make_causal_lm(tok).float().train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert not can_share_prompts(model)  # transformers drops the cache of a checkpointed layer
+    capped = make_causal_lm(tok).float()
+    capped.config.final_logit_softcapping = 30.0
+    assert not can_share_prompts(capped) and not can_share_prompts(make_causal_lm(tok), fused="plain")
+    with pytest.raises(ValueError, match="can_share_prompts"):
+        one = torch.ones(1, 2, dtype=torch.long)
+        shared_prompt_logprobs(capped, one, one, torch.zeros(1, dtype=torch.long), one, one)

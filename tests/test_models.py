@@ -183,3 +183,38 @@ def test_real_smollm2_from_pypi(tmp_path, monkeypatch):
     ids = encode_chat(tok, [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
     out = HFEngine(model, tok).generate([ids], n=1, sampling=SamplingConfig(top_k=1, max_new_tokens=24), seed=0)
     assert "Paris" in out[0][0].text and out[0][0].finished
+
+
+def test_sdpa_gqa_runs_cpu_bf16_attention_in_fp32(monkeypatch):
+    """On CPU a bf16 attention over several queries goes to SDPA in fp32 (its bf16 backward is ~3x
+    slower there) and comes back in bf16, with or without autograd (so policy and reference agree);
+    a decode step (one query) stays bf16. Values: the fp32 result."""
+    import torch.nn.functional as F
+
+    seen = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.append(q.dtype) or real(q, k, v, **kw))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 5, 8, generator=g) for h in (4, 2, 2))  # grouped K/V heads
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    module = torch.nn.Module()
+    exact, _ = models.sdpa_gqa_attention(module, q, k, v, mask)
+    q16, k16, v16 = (t.bfloat16().requires_grad_() for t in (q, k, v))
+    out, _ = models.sdpa_gqa_attention(module, q16, k16, v16, mask)
+    assert seen == [torch.float32, torch.float32] and out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert q16.grad.dtype == torch.bfloat16 and q16.grad.abs().sum() > 0
+    torch.testing.assert_close(out.float(), exact, rtol=2e-2, atol=2e-2)
+    with torch.no_grad():
+        again, _ = models.sdpa_gqa_attention(module, q16, k16, v16, mask)
+        assert seen[-1] == torch.float32 and torch.equal(again, out.detach())
+        models.sdpa_gqa_attention(module, q16[:, :, -1:], k16, v16, mask[:, :, -1:])
+    assert seen[-1] == torch.bfloat16
+
+
+def test_keep_cpu_memory_sets_glibc_malloc():
+    import ctypes.util
+    import platform
+
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
+    assert models.keep_cpu_memory() is glibc

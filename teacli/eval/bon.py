@@ -442,6 +442,8 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
     new = 0
     if todo:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if device.type == "cpu":
+            models.keep_cpu_memory()
         try:
             model = models.load_policy(policy_cfg, device=device).eval()
             reward = build_reward(recipe.reward, device=device, tokenizer=tokenizer)

@@ -36,7 +36,7 @@ def build_engine(cfg: "RolloutConfig", model: Any, tokenizer: Any, **options: An
 
         return HFEngine(
             model, tokenizer, batch_size=cfg.batch_size, attention=cfg.attention, kv_cache=cfg.kv_cache,
-            compile=cfg.compile, cache_bucket=cfg.cache_bucket,
+            compile=cfg.compile, cache_bucket=cfg.cache_bucket, share_prefix=cfg.share_prefix,
         )
     if name == "vllm":
         try:

@@ -120,14 +120,16 @@ def dropped_warning(report: dict[str, Any]) -> str | None:
             f"after the chat template (longest {longest}); raise data.max_prompt_tokens to train on them")
 
 
-def micro_batches(lengths: list[int], n: int) -> list[list[int]]:
-    """Exactly `n` micro-batches of sequence indices: sorted by length, then split evenly.
+def micro_batches(lengths: list[int], n: int, groups: list[int] | None = None) -> list[list[int]]:
+    """Exactly `n` micro-batches of sequence indices: sorted by length (by group, then length, when
+    `groups` is given: the sequences of a prompt stay together), then split evenly.
 
     Sizes differ by at most one (the shorter sequences get the larger batches); with fewer sequences
     than `n`, the last ones are empty. Exactly `n` backward passes make the last one DeepSpeed's
     gradient-accumulation boundary by construction, whatever the number of sequences.
     """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    key = (lambda i: lengths[i]) if groups is None else (lambda i: (groups[i], lengths[i]))
+    order = sorted(range(len(lengths)), key=key)
     q, r = divmod(len(order), n)
     out, start = [], 0
     for k in range(n):
@@ -160,6 +162,33 @@ def pack(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int,
     return input_ids.to(device), attn.to(device), cmask.to(device), lp
 
 
+def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", ...]:
+    """The sequences of `pack` with each distinct prompt once (for `logprobs.shared_prompt_logprobs`).
+
+    Returns prompt ids and mask [U, Lp] (left-padded), row_of [B] (each sequence's prompt), completion
+    ids and mask [B, Tc] (right-padded).
+    """
+    import torch
+
+    distinct: dict[tuple[int, ...], int] = {}
+    row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
+    prompts = list(distinct)
+    lp = max(len(p) for p in prompts)
+    tc = max(1, max(len(c) for c in completions))
+    p_ids = torch.full((len(prompts), lp), pad_id, dtype=torch.long)
+    p_mask = torch.zeros((len(prompts), lp), dtype=torch.long)
+    for u, p in enumerate(prompts):
+        p_ids[u, lp - len(p) :] = torch.tensor(p, dtype=torch.long)
+        p_mask[u, lp - len(p) :] = 1
+    c_ids = torch.full((len(completions), tc), pad_id, dtype=torch.long)
+    c_mask = torch.zeros((len(completions), tc), dtype=torch.long)
+    for i, c in enumerate(completions):
+        if c:
+            c_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            c_mask[i, : len(c)] = 1
+    return tuple(t.to(device) for t in (p_ids, p_mask, torch.tensor(row_of), c_ids, c_mask))
+
+
 def _setup(recipe: "Recipe", world):
     """Models, reward, data, engines: everything the loop needs, built once."""
     import torch
@@ -174,6 +203,9 @@ def _setup(recipe: "Recipe", world):
     tokenizer = models.load_tokenizer(recipe.policy)
     train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
+    cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"
+    if cpu_attention:  # fp32 attention under autograd, grouped K/V without copies (models.sdpa_gqa_attention)
+        policy.set_attn_implementation(models.register_sdpa_gqa())
     if backend.gradient_checkpointing(recipe, policy, world):  # `auto`: only when memory needs it
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.config.use_cache = False
@@ -183,6 +215,8 @@ def _setup(recipe: "Recipe", world):
             reference = "adapters-disabled"
         else:
             reference = models.load_policy(recipe.policy, dtype=dtype, device=world.device)
+            if cpu_attention:
+                reference.set_attn_implementation(models.register_sdpa_gqa())
             reference.eval().requires_grad_(False)
     if recipe.policy.lora.enabled:
         from teacli.lora import apply_lora
@@ -260,16 +294,24 @@ def generate_step(rollout, reward, train_prompts, recipe, world, step: int, posi
     return sel, position, sum(rd.time_generate for rd in rounds), sum(rd.time_reward for rd in rounds)
 
 
-def _ref_logprobs(reference, engine, input_ids, attn, lp):
-    import torch
+def _logprobs(model, batch: tuple, shared: bool) -> "torch.Tensor":
+    """Completion log-probs [B, Tc] of a micro-batch packed by `pack_shared` (shared) or `pack`."""
+    from teacli.logprobs import shared_prompt_logprobs, token_logprobs
 
-    from teacli.logprobs import token_logprobs
+    if shared:
+        return shared_prompt_logprobs(model, *batch)
+    input_ids, attn, _, lp = batch
+    return token_logprobs(model, input_ids, attn, lp)
+
+
+def _ref_logprobs(reference, engine, batch: tuple, shared: bool):
+    import torch
 
     with torch.no_grad():
         if reference == "adapters-disabled":
             with engine.module.disable_adapter():
-                return token_logprobs(engine.module, input_ids, attn, lp)
-        return token_logprobs(reference, input_ids, attn, lp)
+                return _logprobs(engine.module, batch, shared)
+        return _logprobs(reference, batch, shared)
 
 
 def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device, is_level: str = "off") -> dict[str, float]:
@@ -280,7 +322,7 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     is_level (token/sequence): weight the policy-gradient terms by the truncated ratio of the
     trainer's to the sampler's log-probs (teacli.train.importance); "off": no correction.
     """
-    from teacli.logprobs import token_logprobs
+    from teacli.logprobs import can_share_prompts
     from teacli.train import backend, importance
     from teacli.train.loss import policy_loss
 
@@ -293,7 +335,10 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     if total == 0:
         raise ValueError("train_step: no sequences to train on")
     n_micro = engine.gradient_accumulation_steps()
-    batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro)
+    # Each distinct prompt of a micro-batch runs once (recipe optim.share_prompts; not with checkpointing).
+    shared = recipe.optim.share_prompts and can_share_prompts(engine) and (reference in (None, "adapters-disabled") or can_share_prompts(reference))
+    seq_group = [p for p, g in enumerate(groups) for _ in g]
+    batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro, seq_group if shared else None)
     stats: dict[str, float] = {}
     t_ref, grad_norm = 0.0, None
     engine.train()
@@ -301,11 +346,12 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
         # Fewer sequences than micro-batches: a zero-weight pass over the shortest one keeps the count.
         weight = 1.0 if idx else 0.0
         idx = idx or batches[0][:1]
-        input_ids, attn, cmask, lp = pack([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, device)
+        batch = (pack_shared if shared else pack)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, device)
+        cmask = batch[-1] if shared else batch[2]
         t0 = time.perf_counter()
-        ref = _ref_logprobs(reference, engine, input_ids, attn, lp) if reference is not None else None
+        ref = _ref_logprobs(reference, engine, batch, shared) if reference is not None else None
         t_ref += time.perf_counter() - t0
-        logp = token_logprobs(engine, input_ids, attn, lp)
+        logp = _logprobs(engine, batch, shared)
         weights = None
         if is_level != "off":
             rollout_logp = importance.pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1], device)
@@ -387,6 +433,10 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     world = backend.init_world()
+    if world.device.type == "cpu":
+        from teacli.models import keep_cpu_memory
+
+        keep_cpu_memory()
     run = RunDir(run_dir)
     resume = _prepare_run_dir(run, recipe, world)
     torch.manual_seed(recipe.seed + world.rank)

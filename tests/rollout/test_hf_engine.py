@@ -331,3 +331,55 @@ def test_fast_path_on_a_peft_wrapped_policy(model, tok, prompts):
     want = ids_of(HFEngine(model, tok, batch_size=8, **OLD).generate(prompts, n=2, sampling=s, seed=0))
     assert ids_of(HFEngine(wrapped, tok, batch_size=8, **NEW).generate(prompts, n=2, sampling=s, seed=0)) == want
     assert wrapped.get_base_model().config._attn_implementation == "sdpa"  # restored
+
+
+# -- the draw (InverseCDFSampler) and the shared prompt prefill (issue 12, CPU) -----------------------
+
+
+def test_inverse_cdf_sampler_draws_softmax_of_the_scores():
+    """200,000 draws per row: frequencies within sampling noise of softmax(scores), never a −inf token,
+    and the returned scores are 0 at the drawn token and −inf elsewhere (generate's argmax takes it)."""
+    from teacli.rollout.hf import InverseCDFSampler
+
+    scores = torch.tensor([[2.0, 1.0, 0.0, -1.0, -float("inf"), 0.5], [-float("inf"), 3.0, -float("inf"), 3.0, 1.0, -float("inf")]])
+    exact = scores.double().softmax(-1)  # the distribution written out
+    rows = scores.repeat_interleave(100_000, dim=0)
+    torch.manual_seed(0)
+    out = InverseCDFSampler()(torch.zeros(rows.shape[0], 1, dtype=torch.long), rows)
+    assert ((out == 0).sum(-1) == 1).all() and (out.isinf().sum(-1) == rows.shape[1] - 1).all()
+    drawn = out.argmax(-1).view(2, -1)
+    for r in range(2):
+        freq = torch.bincount(drawn[r], minlength=6).double() / drawn.shape[1]
+        assert (freq[exact[r] == 0] == 0).all()
+        sd = (exact[r] * (1 - exact[r]) / drawn.shape[1]).sqrt()
+        assert ((freq - exact[r]).abs() <= 5 * sd + 1e-12).all(), (freq, exact[r])
+
+
+def test_inverse_cdf_sampler_never_draws_past_the_last_positive_token(monkeypatch):
+    """A uniform number at the top of its range lands on the last token of positive probability, not
+    on the zero-probability tail (nor past the vocabulary)."""
+    from teacli.rollout.hf import InverseCDFSampler
+
+    scores = torch.tensor([[0.0, 1.0, 2.0, -float("inf"), -float("inf")]])
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(*a, dtype=k.get("dtype")))  # the open bound itself
+    assert InverseCDFSampler()(torch.zeros(1, 1, dtype=torch.long), scores).argmax(-1).item() == 2
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+def test_shared_prompt_prefill_samples_what_the_unshared_engine_samples(model, tok, prompts, kv_cache):
+    """Each distinct prompt of a batch is prefilled once (batch 7 splits the groups of 4 across batches)
+    and its cache copied to its rows: the same samples for a seed, at several sampling settings."""
+    calls = []
+    handle = model.model.register_forward_pre_hook(lambda mod, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+    try:
+        shared = HFEngine(model, tok, batch_size=7, kv_cache=kv_cache, cache_bucket=16)
+        plain = HFEngine(model, tok, batch_size=7, kv_cache=kv_cache, cache_bucket=16, share_prefix=False)
+        for kw in ({"top_k": 1}, {}, {"top_k": 20, "top_p": 0.9, "temperature": 0.8}):
+            s = sample(max_new_tokens=12, **kw)
+            calls.clear()
+            got = ids_of(shared.generate(prompts, n=4, sampling=s, seed=5))
+            prefills = [c for c in calls if c[1] > 1]
+            assert [c[0] for c in prefills] == [2, 2]  # batches of 7 + 5 rows: prompts {0, 1} and {1, 2}
+            assert got == ids_of(plain.generate(prompts, n=4, sampling=s, seed=5)), kw
+    finally:
+        handle.remove()

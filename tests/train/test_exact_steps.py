@@ -33,6 +33,10 @@ def test_micro_batches_are_exactly_n_sorted_and_even():
     assert [len(b) for b in micro_batches([4, 2], 4)] == [1, 1, 0, 0]  # fewer sequences than micro-batches
     for n in range(1, 12):
         assert len(micro_batches(lengths, n)) == n
+    # With groups (shared prompts): a prompt's sequences stay together, by length within the group.
+    groups = [1, 0, 1, 0, 0, 1, 2]
+    batches = micro_batches(lengths, 3, groups)
+    assert [i for b in batches for i in b] == [1, 3, 4, 5, 2, 0, 6] and [len(b) for b in batches] == [3, 2, 2]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,14 +116,21 @@ def build(world, zero_stage: int, max_grad_norm: float, micro: int, nominal_seqs
     return tok, recipe, engine, reference, twin
 
 
-def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world):
-    """Whatever the sequence count (fewer than, equal to, or more than nominal), one update with the full-batch gradient."""
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, share_prompts, monkeypatch):
+    """Whatever the sequence count (fewer than, equal to, or more than nominal), one update with the full-batch gradient;
+    with each prompt run once per micro-batch (optim.share_prompts) or whole with each sequence."""
     import torch
 
+    import teacli.logprobs
     from teacli.train import backend
     from teacli.train.loop import train_step
 
     tok, recipe, engine, reference, twin = build(world, zero_stage=0, max_grad_norm=0.0, micro=4, nominal_seqs=9)
+    recipe.optim.share_prompts = share_prompts
+    shared_calls = []
+    real = teacli.logprobs.shared_prompt_logprobs
+    monkeypatch.setattr(teacli.logprobs, "shared_prompt_logprobs", lambda *a, **k: shared_calls.append(a[1].shape[0]) or real(*a, **k))
     assert engine.gradient_accumulation_steps() == 3
     seen: list[dict[str, torch.Tensor]] = []
     engine.optimizer.register_step_pre_hook(
@@ -139,6 +150,8 @@ def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world):
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want.values()]))
         assert stats["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
         assert stats["kl"] != 0.0 and stats["kl_loss"] > 0
+    # Shared: policy and reference per micro-batch, with few distinct prompts each (sequences grouped by prompt).
+    assert (len(shared_calls) == 2 * 3 * 3 and max(shared_calls) == 3) if share_prompts else not shared_calls  # 5 of 15: at most 3 groups of 3
 
 
 @pytest.mark.parametrize("max_grad_norm", [1.0e6, 1.0e-3])
