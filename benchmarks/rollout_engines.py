@@ -9,7 +9,7 @@
 `llama1b` is a random-initialised Llama-3.2-1B shape (vs_trl.py's), prompts of random tokens whose
 lengths are drawn uniformly from --ragged (left-padded in a batch); it rarely emits EOS, so every
 sequence generates max-new-tokens. `hf_old` is the hf engine as it was before issue 12 (transformers'
-sdpa attention, dynamic cache, no compile); `hf` is the engine's defaults (sdpa_gqa attention,
+sdpa attention, dynamic cache, no compile, each row's prompt prefilled on its own, torch.multinomial); `hf` is the engine's defaults (sdpa_gqa attention,
 bucketed static cache, torch.compile on CUDA).
 
 `tiny` is the tests' random 2-layer Llama (built in-process); `smollm2` is the quickstart policy
@@ -94,7 +94,8 @@ def main() -> None:
         return VLLMEngine(RolloutConfig(engine="vllm"), model, tokenizer, dtype=dtype)
 
     builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size),
-                "hf_old": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size, attention="sdpa", kv_cache="dynamic", compile=False),
+                "hf_old": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size, attention="sdpa", kv_cache="dynamic", compile=False,
+                                           share_prefix=False, sampler="multinomial"),
                 "vllm": vllm_engine}
     engines = {name: builders[name] for name in args.engines.split(",")}
     print(f"model={args.model} dtype={args.dtype} prompts={args.prompts} n={args.n} max_new_tokens={args.max_new_tokens} "

@@ -21,7 +21,8 @@ EOS, so every completion has 256 tokens. The reward is a cheap deterministic fun
 
 Each side runs --steps measured steps after one warm-up step (compilation happens there); the table
 gives medians. MFU = 6 N tokens / time / 989e12 (H200 dense bf16) over tea's backward+step phase,
-N = parameters (tied embeddings once), tokens = prompt + completion tokens trained. Peak memory is
+N = parameters (tied embeddings once), tokens = the prompt and completion tokens the forward ran (with
+optim.share_prompts a prompt once per micro-batch, not once per completion). Peak memory is
 torch's max_memory_allocated over a step.
 """
 
@@ -85,7 +86,7 @@ def run_tea(args, device) -> dict:
 
     from teacli.advantages import compute_advantages
     from teacli.config import Recipe
-    from teacli.logprobs import resolved_kind
+    from teacli.logprobs import can_share_prompts, resolved_kind
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
     from teacli.train.loop import train_step
@@ -140,7 +141,7 @@ def run_tea(args, device) -> dict:
             sync(device)
         t3 = time.perf_counter()
         new_tokens = sum(len(c.token_ids) for g in groups for c in g)
-        trained_tokens = new_tokens + seqs * args.prompt_len
+        trained_tokens = new_tokens + prompt_runs(engine, recipe, groups) * args.prompt_len
         backward = t3 - t2 - stats["time_ref_logprobs"]
         rows.append({
             "step": step, "step_s": t3 - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1,
@@ -153,11 +154,25 @@ def run_tea(args, device) -> dict:
     settings = {
         "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
         "logprobs": resolved_kind(engine, device), "attention": rollout.attention, "static_cache": static, "compile": compiled,
+        "share_prompts": recipe.optim.share_prompts and can_share_prompts(engine), "share_prefix": rollout.share_prefix,
         "params": n_params,
     }
     del engine, policy, reference, rollout
     _free(device)
     return {"rows": rows, "settings": settings}
+
+
+def prompt_runs(engine, recipe, groups) -> int:
+    """How many prompts the training forward ran: one per sequence, or with optim.share_prompts one per
+    distinct prompt of each micro-batch (MFU counts the tokens actually computed)."""
+    from teacli.logprobs import can_share_prompts
+    from teacli.train.loop import micro_batches
+
+    seq_group = [p for p, g in enumerate(groups) for _ in g]
+    if not (recipe.optim.share_prompts and can_share_prompts(engine)):
+        return len(seq_group)
+    lengths = [len(c.token_ids) for g in groups for c in g]
+    return sum(len({seq_group[i] for i in b}) for b in micro_batches(lengths, engine.gradient_accumulation_steps(), seq_group) if b)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,6 +184,7 @@ def run_trl(args, device) -> dict:
 
     try:
         from datasets import Dataset
+        from datasets.table import InMemoryTable
         from transformers import LlamaForCausalLM, TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as exc:
@@ -184,7 +200,9 @@ def run_trl(args, device) -> dict:
         LlamaForCausalLM(config).to(torch.bfloat16 if bf16 else torch.float32).save_pretrained(f"{tmp}/model")
         tokenizer.save_pretrained(f"{tmp}/model")
         texts = [" ".join(f"t{i}" for i in ids) for step in range(args.steps + 1) for ids in prompts_for(step, args, config.vocab_size)]
-        dataset = Dataset.from_dict({"prompt": texts})
+        # An explicit fingerprint: hashing the table (Dataset.from_dict) fails with pyarrow's MonthDayNano
+        # under dill on Python 3.12 (seen on the H200 machine); nothing here depends on datasets' cache.
+        dataset = Dataset(InMemoryTable.from_pydict({"prompt": texts}), fingerprint="tea-vs-trl")
         seqs = args.prompts * args.group_size
         mb = min(args.trl_micro_batch, seqs)
         cfg = GRPOConfig(

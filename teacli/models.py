@@ -317,6 +317,7 @@ def load_policy(
 # Attention: SDPA over the grouped K/V heads, registered through transformers' public hooks
 
 SDPA_GQA = "sdpa_gqa"
+CPU_FP32_ATTENTION = True  # see sdpa_gqa_attention (benchmarks/quickstart_cpu.py turns it off for its `before` steps)
 
 
 def sdpa_gqa_attention(
@@ -340,7 +341,7 @@ def sdpa_gqa_attention(
     import torch
 
     dtype = query.dtype
-    upcast = query.device.type == "cpu" and dtype == torch.bfloat16 and query.shape[2] > 1
+    upcast = CPU_FP32_ATTENTION and query.device.type == "cpu" and dtype == torch.bfloat16 and query.shape[2] > 1
     if upcast:
         query, key, value = query.float(), key.float(), value.float()
         if attention_mask is not None and attention_mask.is_floating_point():

@@ -22,6 +22,11 @@ Speed (issue 12), all through transformers' public hooks; the model's forward st
     The extra left padding is masked: it changes no logit beyond float rounding.
   * `compile: true` lets transformers compile the decode step (`torch.compile`, its `CompileConfig`
     defaults: inductor, CUDA graphs); it needs the static cache. `auto` = on for CUDA only.
+  * `share_prefix: true` (default) prefills each distinct prompt of a batch once (the m samples of a
+    group share it) and copies its KV cache to its rows; generate then prefills only the last column.
+  * The draw is an inverse-CDF lookup (`InverseCDFSampler`, the last logits processor, one uniform
+    number per row) instead of generate's `torch.multinomial`, which on CPU draws an exponential
+    variate per vocabulary entry. Same distribution; `sampler="multinomial"` keeps generate's own.
 The cache is allocated per call and freed when it returns (nothing is held while the trainer runs).
 """
 
@@ -45,7 +50,7 @@ class HFEngine:
     def __init__(
         self, model: Any, tokenizer: Any, batch_size: int = 64, eos_token_ids: Iterable[int] | None = None, *,
         attention: str = "sdpa_gqa", kv_cache: str = "auto", compile: bool | str = "auto", cache_bucket: int = 64,
-        share_prefix: bool = True,
+        share_prefix: bool = True, sampler: str = "inverse_cdf",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"rollout.batch_size: must be >= 1, got {batch_size}")
@@ -64,6 +69,9 @@ class HFEngine:
         self.compile = compile
         self.cache_bucket = cache_bucket
         self.share_prefix = share_prefix
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler: {sampler!r} is not one of {', '.join(SAMPLERS)}")
+        self.sampler = sampler
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -132,10 +140,15 @@ class HFEngine:
 
         if sampling.temperature <= 0:
             raise ValueError(f"rollout.temperature: must be > 0 for sampling, got {sampling.temperature}")
-        # do_sample=False: the draw is made by the last of `_processors` (see InverseCDFSampler), after
-        # which generate's argmax returns the drawn token. No warper of generate's own ever runs.
+        # inverse_cdf: do_sample=False, the draw is made by the last of `_processors` (InverseCDFSampler),
+        # after which generate's argmax returns the drawn token; no warper of generate's own runs.
+        # multinomial: generate's own warpers and torch.multinomial, every setting passed explicitly.
+        own = {"do_sample": False} if self.sampler == "inverse_cdf" else {
+            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "top_k": sampling.top_k,  # 0 = off; set explicitly so the library default (50) never applies
+        }
         return GenerationConfig(
-            do_sample=False,
+            **own,
             max_new_tokens=sampling.max_new_tokens,
             min_new_tokens=0,
             num_beams=1,
@@ -149,11 +162,13 @@ class HFEngine:
             compile_config=_compile_config(device) if compiled else None,
         )
 
-    @staticmethod
-    def _processors(sampling: SamplingConfig) -> Any:
+    def _processors(self, sampling: SamplingConfig) -> Any:
         """The sampling contract as logits processors: temperature, then top-k, then top-p (each only
-        when it changes something), then the draw."""
+        when it changes something), then the draw (None for the multinomial sampler: generate's own)."""
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        if self.sampler == "multinomial":
+            return None
 
         steps: list[Any] = []
         if sampling.temperature != 1.0:
@@ -200,6 +215,7 @@ class HFEngine:
 
 
 ATTENTIONS = ("sdpa_gqa", "sdpa", "eager", "model")  # model: the module's own (policy.attn_implementation)
+SAMPLERS = ("inverse_cdf", "multinomial")  # multinomial: generate's torch.multinomial (the engine before issue 12's CPU work)
 
 
 class InverseCDFSampler:
