@@ -86,10 +86,10 @@ def run_tea(args, device) -> dict:
 
     from teacli.advantages import compute_advantages
     from teacli.config import Recipe
-    from teacli.logprobs import can_share_prompts, resolved_kind
+    from teacli.logprobs import resolved_kind
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
-    from teacli.train.loop import train_step
+    from teacli.train.loop import shares_prompts, train_step
     from teacli.types import SamplingConfig
 
     world = backend.init_world()
@@ -141,7 +141,7 @@ def run_tea(args, device) -> dict:
             sync(device)
         t3 = time.perf_counter()
         new_tokens = sum(len(c.token_ids) for g in groups for c in g)
-        trained_tokens = new_tokens + prompt_runs(engine, recipe, groups) * args.prompt_len
+        trained_tokens = new_tokens + prompt_runs(engine, reference, recipe, groups) * args.prompt_len
         backward = t3 - t2 - stats["time_ref_logprobs"]
         rows.append({
             "step": step, "step_s": t3 - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1,
@@ -154,7 +154,7 @@ def run_tea(args, device) -> dict:
     settings = {
         "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
         "logprobs": resolved_kind(engine, device), "attention": rollout.attention, "static_cache": static, "compile": compiled,
-        "share_prompts": recipe.optim.share_prompts and can_share_prompts(engine), "share_prefix": rollout.share_prefix,
+        "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": rollout.share_prefix,
         "params": n_params,
     }
     del engine, policy, reference, rollout
@@ -162,14 +162,13 @@ def run_tea(args, device) -> dict:
     return {"rows": rows, "settings": settings}
 
 
-def prompt_runs(engine, recipe, groups) -> int:
+def prompt_runs(engine, reference, recipe, groups) -> int:
     """How many prompts the training forward ran: one per sequence, or with optim.share_prompts one per
     distinct prompt of each micro-batch (MFU counts the tokens actually computed)."""
-    from teacli.logprobs import can_share_prompts
-    from teacli.train.loop import micro_batches
+    from teacli.train.loop import micro_batches, shares_prompts
 
     seq_group = [p for p, g in enumerate(groups) for _ in g]
-    if not (recipe.optim.share_prompts and can_share_prompts(engine)):
+    if not shares_prompts(recipe, engine, reference):
         return len(seq_group)
     lengths = [len(c.token_ids) for g in groups for c in g]
     return sum(len({seq_group[i] for i in b}) for b in micro_batches(lengths, engine.gradient_accumulation_steps(), seq_group) if b)

@@ -49,7 +49,7 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
 
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    position_ids = positions(attention_mask)
     head, decoder = _head_and_decoder(model)
     if fused == "plain" or head is None:
         return _plain(model, input_ids, attention_mask, position_ids, n_prompt)
@@ -77,24 +77,20 @@ def shared_prompt_logprobs(
     checkpointed layer): `can_share_prompts` says when it applies.
     """
     import torch
-    from transformers import DynamicCache
 
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
     head, decoder = _head_and_decoder(model)
     if fused == "plain" or head is None:
         raise ValueError("shared_prompt_logprobs needs a plain head(hidden) model (see can_share_prompts)")
-    config = _unwrapped(model).config.get_text_config(decoder=True)
-    cache = DynamicCache(config=config)
+    cache = new_cache(model)
     last = _hidden_states(
-        model, decoder, input_ids=prompt_ids, attention_mask=prompt_mask,
-        position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp_min(0), past_key_values=cache, use_cache=True,
+        model, decoder, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+        past_key_values=cache, use_cache=True,
     )[:, -1:]  # [U, 1, H]: predicts each prompt's first completion token
     hidden = last[row_of]
     if completion_ids.shape[1] > 1:  # the last completion token predicts nothing: it is not run
-        shared = DynamicCache(config=config)
-        for index, layer in enumerate(cache.layers):
-            shared.update(layer.keys[row_of], layer.values[row_of], index)
+        shared = cache_rows(cache, row_of, into=new_cache(model))
         ids, mask = completion_ids[:, :-1], completion_mask[:, :-1]
         start = prompt_mask.long().sum(-1)[row_of][:, None]  # each sequence's first completion position
         rest = _hidden_states(
@@ -105,10 +101,31 @@ def shared_prompt_logprobs(
     return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused)
 
 
+def positions(mask: "Tensor") -> "Tensor":
+    """Position ids of a left-padded batch: counted from each row's first real token (0 on padding)."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def new_cache(model) -> Any:
+    """An empty transformers DynamicCache for `model`'s decoder (through DeepSpeed/peft wrappers)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=base_model(model).config.get_text_config(decoder=True))
+
+
+def cache_rows(cache, rows: "Tensor", into: Any) -> Any:
+    """`cache`'s keys and values at batch rows `rows` (repeats allowed), every layer, written into the empty
+    cache `into` (`new_cache`, or a fresh StaticCache) and returned. Differentiable: autograd sums a
+    repeated row's gradients."""
+    for index, layer in enumerate(cache.layers):
+        into.update(layer.keys[rows], layer.values[rows], index)
+    return into
+
+
 def can_share_prompts(model, fused: str = "auto") -> bool:
     """Whether `shared_prompt_logprobs` applies to `model`: logits = head(hidden), and no gradient checkpointing."""
     head, _ = _head_and_decoder(model)
-    return fused != "plain" and head is not None and not getattr(_unwrapped(model), "is_gradient_checkpointing", False)
+    return fused != "plain" and head is not None and not getattr(base_model(model), "is_gradient_checkpointing", False)
 
 
 def resolved_kind(model, device: Any, fused: str = "auto") -> str:
@@ -130,8 +147,9 @@ def liger_available() -> bool:
 # ------------------------------------------------------------------------------------------------
 
 
-def _unwrapped(model) -> Any:
-    """The transformers model inside a DeepSpeedEngine and/or a peft PeftModel (adapters live inside its modules)."""
+def base_model(model) -> Any:
+    """The transformers PreTrainedModel inside a DeepSpeedEngine and/or a peft PeftModel (adapters live
+    inside its modules, so its forward runs them)."""
     module = getattr(model, "module", model)  # DeepSpeedEngine
     if hasattr(module, "get_base_model"):  # peft PeftModel
         module = module.get_base_model()
@@ -176,7 +194,7 @@ def _head_and_decoder(model) -> tuple[Any, Any]:
     not simply head(decoder output) or the model does not expose them."""
     import torch
 
-    module = _unwrapped(model)
+    module = base_model(model)
     get_head, get_decoder = getattr(module, "get_output_embeddings", None), getattr(module, "get_decoder", None)
     if get_head is None or get_decoder is None:
         return None, None

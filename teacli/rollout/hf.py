@@ -36,6 +36,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from teacli.logprobs import base_model, cache_rows, new_cache, positions
 from teacli.models import attention_implementation
 from teacli.rollout.base import cut_at_eos
 from teacli.types import Completion, SamplingConfig
@@ -95,7 +96,7 @@ class HFEngine:
         if any(len(p) == 0 for p in prompt_token_ids):
             raise ValueError("an empty prompt (no tokens) cannot be generated from")
         flat = [ids for ids in prompt_token_ids for _ in range(n)]  # [P*n], prompt-major
-        module = _generating_module(self.model)
+        module = base_model(self.model)
         device = next(module.parameters()).device
         compiled, static = self.resolved(device)
         config = self._generation_config(sampling, compiled, device)
@@ -250,19 +251,12 @@ def _shared_prefill(module: Any, input_ids: "torch.Tensor", attention_mask: "tor
     row's first real token, as generate counts them.
     """
     import torch
-    from transformers import DynamicCache
 
     first = [row_of.index(u) for u in range(max(row_of) + 1)]
     ids, mask = input_ids[first, :-1], attention_mask[first, :-1]
-    prefix = DynamicCache(config=module.config.get_text_config(decoder=True))
-    module.get_decoder()(
-        input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0), past_key_values=prefix, use_cache=True
-    )
-    target = cache if cache is not None else DynamicCache(config=module.config.get_text_config(decoder=True))
-    rows = torch.tensor(row_of, device=input_ids.device)
-    for index, layer in enumerate(prefix.layers):
-        target.update(layer.keys[rows], layer.values[rows], index)
-    return target
+    prefix = new_cache(module)
+    module.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions(mask), past_key_values=prefix, use_cache=True)
+    return cache_rows(prefix, torch.tensor(row_of, device=input_ids.device), into=cache if cache is not None else new_cache(module))
 
 
 def _compile_config(device: Any) -> Any:
@@ -276,14 +270,6 @@ def _compile_config(device: Any) -> Any:
         config = CompileConfig(mode="default")
         config._compile_all_devices = True
     return config
-
-
-def _generating_module(model: Any) -> Any:
-    """The transformers PreTrainedModel whose `generate` runs (unwrapping DeepSpeed and peft)."""
-    module = getattr(model, "module", model)  # DeepSpeedEngine
-    if hasattr(module, "get_base_model"):  # peft PeftModel
-        module = module.get_base_model()
-    return module
 
 
 @contextlib.contextmanager

@@ -50,6 +50,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from teacli.logprobs import base_model
 from teacli.rollout.base import RolloutSyncError, cut_at_eos
 from teacli.types import Completion, SamplingConfig
 
@@ -101,7 +102,7 @@ class VLLMEngine:
         if tokenizer.eos_token_id is None:
             raise ValueError("the policy tokenizer has no eos token: generation could never stop (set one in the tokenizer)")
         self.eos_token_ids = [tokenizer.eos_token_id]
-        base = _base_model(model)
+        base = base_model(model)
         self.device = next(base.parameters()).device
         self.dtype = resolve_dtype(dtype if dtype is not None else (policy.dtype if policy else "auto"), self.device)
         self.tie_word_embeddings = bool(getattr(base.config, "tie_word_embeddings", False))
@@ -381,12 +382,6 @@ def _unwrap(model: Any) -> Any:
 
 def _is_peft(model: Any) -> bool:
     return hasattr(_unwrap(model), "get_base_model")
-
-
-def _base_model(model: Any) -> Any:
-    """The transformers PreTrainedModel under DeepSpeed and peft wrappers."""
-    module = _unwrap(model)
-    return module.get_base_model() if hasattr(module, "get_base_model") else module
 
 
 def _write_model_dir(base: Any, tokenizer: Any, dtype: "torch.dtype", path: str) -> None:

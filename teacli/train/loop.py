@@ -139,6 +139,21 @@ def micro_batches(lengths: list[int], n: int, groups: list[int] | None = None) -
     return out
 
 
+def _padded(rows: list[list[int]], pad_id: int, left: bool) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Token rows padded to the longest (at least 1 column) on the left or the right: ids and mask [R, W] (CPU)."""
+    import torch
+
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            cols = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[i, cols] = torch.tensor(r, dtype=torch.long)
+            mask[i, cols] = 1
+    return ids, mask
+
+
 def pack(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", int]:
     """Left-pad prompts and right-pad completions into one batch.
 
@@ -146,20 +161,10 @@ def pack(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int,
     """
     import torch
 
-    lp = max(len(p) for p in prompt_ids)
-    tc = max(1, max(len(c) for c in completions))
-    B = len(prompt_ids)
-    input_ids = torch.full((B, lp + tc), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, lp + tc), dtype=torch.long)
-    cmask = torch.zeros((B, tc), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompt_ids, completions)):
-        input_ids[i, lp - len(p) : lp] = torch.tensor(p, dtype=torch.long)
-        attn[i, lp - len(p) : lp] = 1
-        if c:
-            input_ids[i, lp : lp + len(c)] = torch.tensor(c, dtype=torch.long)
-            attn[i, lp : lp + len(c)] = 1
-            cmask[i, : len(c)] = 1
-    return input_ids.to(device), attn.to(device), cmask.to(device), lp
+    p_ids, p_mask = _padded(prompt_ids, pad_id, left=True)
+    c_ids, c_mask = _padded(completions, pad_id, left=False)
+    input_ids, attn = torch.cat([p_ids, c_ids], dim=1), torch.cat([p_mask, c_mask], dim=1)
+    return input_ids.to(device), attn.to(device), c_mask.to(device), p_ids.shape[1]
 
 
 def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", ...]:
@@ -172,21 +177,18 @@ def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_i
 
     distinct: dict[tuple[int, ...], int] = {}
     row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
-    prompts = list(distinct)
-    lp = max(len(p) for p in prompts)
-    tc = max(1, max(len(c) for c in completions))
-    p_ids = torch.full((len(prompts), lp), pad_id, dtype=torch.long)
-    p_mask = torch.zeros((len(prompts), lp), dtype=torch.long)
-    for u, p in enumerate(prompts):
-        p_ids[u, lp - len(p) :] = torch.tensor(p, dtype=torch.long)
-        p_mask[u, lp - len(p) :] = 1
-    c_ids = torch.full((len(completions), tc), pad_id, dtype=torch.long)
-    c_mask = torch.zeros((len(completions), tc), dtype=torch.long)
-    for i, c in enumerate(completions):
-        if c:
-            c_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-            c_mask[i, : len(c)] = 1
+    p_ids, p_mask = _padded([list(p) for p in distinct], pad_id, left=True)
+    c_ids, c_mask = _padded(completions, pad_id, left=False)
     return tuple(t.to(device) for t in (p_ids, p_mask, torch.tensor(row_of), c_ids, c_mask))
+
+
+def shares_prompts(recipe: "Recipe", engine, reference) -> bool:
+    """Whether `train_step` runs each distinct prompt of a micro-batch once (optim.share_prompts, and the
+    policy and the reference both allow it: no gradient checkpointing, logits = head(hidden))."""
+    from teacli.logprobs import can_share_prompts
+
+    ref_ok = reference is None or isinstance(reference, str) or can_share_prompts(reference)  # str: "adapters-disabled"
+    return recipe.optim.share_prompts and can_share_prompts(engine) and ref_ok
 
 
 def _setup(recipe: "Recipe", world):
@@ -204,7 +206,7 @@ def _setup(recipe: "Recipe", world):
     train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"
-    if cpu_attention:  # fp32 attention under autograd, grouped K/V without copies (models.sdpa_gqa_attention)
+    if cpu_attention:  # grouped K/V without copies, multi-query bf16 attention in fp32 (models.sdpa_gqa_attention)
         policy.set_attn_implementation(models.register_sdpa_gqa())
     if backend.gradient_checkpointing(recipe, policy, world):  # `auto`: only when memory needs it
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -322,7 +324,6 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     is_level (token/sequence): weight the policy-gradient terms by the truncated ratio of the
     trainer's to the sampler's log-probs (teacli.train.importance); "off": no correction.
     """
-    from teacli.logprobs import can_share_prompts
     from teacli.train import backend, importance
     from teacli.train.loss import policy_loss
 
@@ -335,8 +336,7 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     if total == 0:
         raise ValueError("train_step: no sequences to train on")
     n_micro = engine.gradient_accumulation_steps()
-    # Each distinct prompt of a micro-batch runs once (recipe optim.share_prompts; not with checkpointing).
-    shared = recipe.optim.share_prompts and can_share_prompts(engine) and (reference in (None, "adapters-disabled") or can_share_prompts(reference))
+    shared = shares_prompts(recipe, engine, reference)
     seq_group = [p for p, g in enumerate(groups) for _ in g]
     batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro, seq_group if shared else None)
     stats: dict[str, float] = {}
