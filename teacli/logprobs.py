@@ -45,8 +45,6 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
     `fused`: auto (liger where usable, else chunked), liger, chunked, or plain (the model's full
     logits, row-wise log-softmax; the reference the others are tested against).
     """
-    import torch
-
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
     position_ids = positions(attention_mask)

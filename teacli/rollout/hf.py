@@ -166,10 +166,9 @@ class HFEngine:
     def _processors(self, sampling: SamplingConfig) -> Any:
         """The sampling contract as logits processors: temperature, then top-k, then top-p (each only
         when it changes something), then the draw (None for the multinomial sampler: generate's own)."""
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
         if self.sampler == "multinomial":
             return None
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         steps: list[Any] = []
         if sampling.temperature != 1.0:
