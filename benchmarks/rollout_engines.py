@@ -91,7 +91,8 @@ def main() -> None:
     def vllm_engine():
         from teacli.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(RolloutConfig(engine="vllm"), model, tokenizer, dtype=dtype)
+        longest = max(len(p) for p in prompts) + args.max_new_tokens
+        return VLLMEngine(RolloutConfig(engine="vllm", sleep=False), model, tokenizer, dtype=dtype, max_model_len=longest)
 
     builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size),
                 "hf_old": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size, attention="sdpa", kv_cache="dynamic", compile=False,

@@ -19,6 +19,19 @@ EOS, so every completion has 256 tokens. The reward is a cheap deterministic fun
     checkpointing, per-device batch --trl-micro-batch, gradient accumulation so that one optimizer
     step is one generation of the 4 x 64 completions, transformers generate (TRL's default).
 
+With `--engine vllm` both sides generate with vLLM colocated on the training GPU instead (issue 19):
+
+  * tea: the `vllm` rollout engine (one in-process `vllm.LLM`, sleep level 2 while training, the
+    weights pushed after every update and checked against the trainer's, token-level importance
+    correction: `rollout.is_correction: auto`), memory share `auto`.
+  * TRL: `GRPOConfig(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)` (level 2 too),
+    `--trl-vllm-memory` of the GPU (TRL's default 0.3).
+
+Each side then runs in its own child process, one after the other (vLLM keeps its state in process
+globals; TRL's colocated engine reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, which the child gets).
+tea's step then includes the push after the update (`sync_s`: waking the weights, pushing them,
+re-scoring tokens for the sync check happens inside the next generation).
+
 Each side runs --steps measured steps after one warm-up step (compilation happens there); the table
 gives medians. MFU = 6 N tokens / time / 989e12 (H200 dense bf16) over tea's backward+step phase,
 N = parameters (tied embeddings once), tokens = the prompt and completion tokens the forward ran (with
@@ -117,9 +130,18 @@ def run_tea(args, device) -> dict:
     reference = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval().requires_grad_(False)
     reference.load_state_dict(policy.state_dict())
     n_params = sum(p.numel() for p in policy.parameters())
+    trainer_bytes = backend.model_state_bytes(recipe, policy, world)
     engine = backend.build_engine(policy, recipe, world, grad_accum, recipe.backend.precision)
-    rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
-    compiled, static = rollout.resolved(device)
+    if args.engine == "vllm":
+        from teacli.rollout.vllm_engine import VLLMEngine
+
+        recipe.rollout.engine = "vllm"
+        rollout = VLLMEngine(recipe.rollout, engine.module, tokenizer, seed=0, max_model_len=args.prompt_len + args.new_tokens,
+                             trainer_bytes=trainer_bytes)
+        compiled, static, is_level = "vllm", "vllm", "token"
+    else:
+        rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
+        (compiled, static), is_level = rollout.resolved(device), "off"
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
 
     rows = []
@@ -129,7 +151,9 @@ def run_tea(args, device) -> dict:
             torch.cuda.reset_peak_memory_stats()
         sync(device)
         t0 = time.perf_counter()
+        rollout.wake()
         groups = rollout.generate(prompt_ids, args.group_size, sampling, seed=step)
+        rollout.sleep()
         sync(device)
         t1 = time.perf_counter()
         rewards = torch.tensor([reward_of(c.text) for g in groups for c in g]).reshape(args.prompts, args.group_size)
@@ -137,26 +161,33 @@ def run_tea(args, device) -> dict:
         t2 = time.perf_counter()
         profile = args.profile and step == args.steps and device.type == "cuda"
         with _profiler(profile, args.profile):
-            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device)
+            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device, is_level=is_level)
             sync(device)
         t3 = time.perf_counter()
+        rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))  # a no-op for the hf engine
+        sync(device)
+        t4 = time.perf_counter()
         new_tokens = sum(len(c.token_ids) for g in groups for c in g)
         trained_tokens = new_tokens + prompt_runs(engine, reference, recipe, groups) * args.prompt_len
         backward = t3 - t2 - stats["time_ref_logprobs"]
         rows.append({
-            "step": step, "step_s": t3 - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1,
-            "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward,
+            "step": step, "step_s": t4 - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1,
+            "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward, "sync_s": t4 - t3,
             "new_tokens": new_tokens, "gen_tok_per_s": new_tokens / (t1 - t0),
             "mfu_backward_step": 6 * n_params * trained_tokens / backward / H200_BF16_FLOPS,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+            **{k: v for k, v in rollout.stats().items() if k.startswith(("sync_", "vllm_", "gpu_"))},
+            **{k: v for k, v in stats.items() if k.startswith("is_")},
         })
         print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
     settings = {
         "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
         "logprobs": resolved_kind(engine, device), "attention": rollout.attention, "static_cache": static, "compile": compiled,
-        "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": rollout.share_prefix,
-        "params": n_params,
+        "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"),
+        "params": n_params, "engine": args.engine,
     }
+    if hasattr(rollout, "close"):
+        rollout.close()
     del engine, policy, reference, rollout
     _free(device)
     return {"rows": rows, "settings": settings}
@@ -212,6 +243,9 @@ def run_trl(args, device) -> dict:
             model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32, "attn_implementation": "sdpa"},
             report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
             use_cpu=device.type != "cuda", shuffle_dataset=False, dataloader_num_workers=0,
+            **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": True,
+                "vllm_gpu_memory_utilization": args.trl_vllm_memory, "vllm_max_model_length": args.prompt_len + args.new_tokens + 8}
+               if args.engine == "vllm" else {}),
         )
         times: list[dict] = []
 
@@ -239,7 +273,9 @@ def run_trl(args, device) -> dict:
         for row, log in zip(rows, logs):
             row["completion_len"] = log.get("completions/mean_length")
         settings = {"trl": __import__("trl").__version__, "micro_batch": mb, "grad_accum": seqs // mb, "grad_ckpt": True,
-                    "precision": "bf16" if bf16 else "fp32", "generation": "transformers generate"}
+                    "precision": "bf16" if bf16 else "fp32",
+                    "generation": f"vLLM colocate (sleep level 2, gpu_memory_utilization {args.trl_vllm_memory})" if args.engine == "vllm"
+                    else "transformers generate"}
         del trainer
     _free(device)
     return {"rows": rows, "settings": settings}
@@ -273,6 +309,22 @@ def _free(device) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+def run_child(side: str) -> dict:
+    """This script with --only SIDE in a child process (the same arguments otherwise): its results."""
+    import socket
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="tea_vs_trl_") as tmp, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(sock.getsockname()[1])}
+        argv = [a for a in sys.argv[1:] if a != "--json" and not a.endswith(".json")]
+        proc = subprocess.run([sys.executable, __file__, *argv, "--only", side, "--json", f"{tmp}/{side}.json"], env=env)
+        if proc.returncode != 0:
+            return {"skipped": f"the {side} child process failed (exit {proc.returncode}; its output is above)"}
+        return json.loads(Path(f"{tmp}/{side}.json").read_text())["results"][side]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=3, help="measured steps per side (after one warm-up step)")
@@ -285,6 +337,8 @@ def main() -> None:
     p.add_argument("--tea-micro-batch", type=int, default=64)
     p.add_argument("--tea-grad-ckpt", choices=["auto", "true", "false"], default="auto")
     p.add_argument("--trl-micro-batch", type=int, default=16)
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
+    p.add_argument("--trl-vllm-memory", type=float, default=0.3, help="--engine vllm: TRL's vllm_gpu_memory_utilization")
     p.add_argument("--only", choices=["tea", "trl"], default=None, help="run one side only")
     p.add_argument("--small", action="store_true", help="tiny model and shapes (CPU smoke run)")
     p.add_argument("--json", default=None, help="also write every step's numbers here")
@@ -300,10 +354,13 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = {}
-    if args.only in (None, "tea"):
-        results["tea"] = run_tea(args, device)
-    if args.only in (None, "trl"):
-        results["trl"] = run_trl(args, device)
+    if args.engine == "vllm" and args.only is None:
+        results = {side: run_child(side) for side in ("tea", "trl")}
+    else:
+        if args.only in (None, "tea"):
+            results["tea"] = run_tea(args, device)
+        if args.only in (None, "trl"):
+            results["trl"] = run_trl(args, device)
 
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"\n{name}: {args.prompts} prompts x {args.prompt_len} tokens x m={args.group_size} x {args.new_tokens} new tokens, "
@@ -316,15 +373,18 @@ def main() -> None:
             print(f"{side}: " + ", ".join(f"{k}={v}" for k, v in res["settings"].items()))
         else:
             print(f"{side}: {res['skipped']}")
-    print("\n| | step s | generate s | ref log-probs s | backward+step s | generated tok/s | MFU (backward+step) | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\n| ({args.engine}) | step s | generate s | ref log-probs s | backward+step s | push s | generated tok/s | MFU (backward+step) | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     if "tea" in med:
         t = med["tea"]
-        print(f"| tea | {t['step_s']:.2f} | {t['generate_s']:.2f} | {t['ref_logprobs_s']:.2f} | {t['backward_step_s']:.2f} | "
+        print(f"| tea | {t['step_s']:.2f} | {t['generate_s']:.2f} | {t['ref_logprobs_s']:.2f} | {t['backward_step_s']:.2f} | {t['sync_s']:.2f} | "
               f"{t['gen_tok_per_s']:,.0f} | {100 * t['mfu_backward_step']:.1f}% | {t['peak_mem_gib']:.1f} |")
+        extra = {k: round(v, 4) for k, v in t.items() if k.startswith(("sync_logprob", "is_", "vllm_", "gpu_"))}
+        if extra:
+            print(f"tea vllm engine (medians): {extra}")
     if "trl" in med:
         t = med["trl"]
-        print(f"| TRL GRPOTrainer | {t['step_s']:.2f} | | | | | | {t['peak_mem_gib']:.1f} |")
+        print(f"| TRL GRPOTrainer | {t['step_s']:.2f} | | | | | | | {t['peak_mem_gib']:.1f} |")
     if "tea" in med and "trl" in med:
         print(f"\ntea step / TRL step = {med['tea']['step_s'] / med['trl']['step_s']:.2f}")
     if args.json:

@@ -152,7 +152,9 @@ class RolloutConfig:
         "auto", "hf engine: KV cache. static = preallocated at a bucketed length (rollout.cache_bucket); auto = static when compiling."
     )
     compile: bool | Literal["auto"] = field(
-        "auto", "hf engine: torch.compile the decode step (transformers' generate, CUDA graphs); auto = on CUDA only. Needs the static cache."
+        "auto",
+        "torch.compile and CUDA graphs for generation; auto = on CUDA only. hf engine: transformers' compiled decode step "
+        "(needs the static cache); vllm: false = vLLM's enforce_eager (no compile, no CUDA graphs: faster start, slower decode).",
     )
     cache_bucket: int = field(
         64, "hf engine, static cache: prompts are left-padded to a multiple of this many tokens, so a run compiles once per bucket.", ge=1
@@ -160,8 +162,27 @@ class RolloutConfig:
     share_prefix: bool = field(
         True, "hf engine: prefill each distinct prompt of a batch once and copy its KV cache to its n rows (vllm: prefix caching)."
     )
-    gpu_memory_utilization: float = field(0.5, "vllm: fraction of GPU memory for the engine.", gt=0.0, le=1.0)
-    sleep: bool = field(True, "vllm: sleep (level 1) while training, wake for generation (GPU only).")
+    gpu_memory_utilization: float | Literal["auto"] = field(
+        "auto",
+        "vllm on CUDA: the engine's share of the GPU's total memory (vLLM's own gpu_memory_utilization: weights, "
+        "activations and KV cache). 'auto' = 90% of what the trainer leaves (its models and optimizer state, counted "
+        "when the engine is built; 50% with rollout.sleep off, when the trainer's activations must fit beside it). A "
+        "share larger than what is free is refused at start-up (docs/vllm.md).",
+        gt=0.0, le=1.0,
+    )
+    kv_cache_gib: float | None = field(
+        None,
+        "vllm on CUDA: the KV cache in GiB (vLLM's kv_cache_memory_bytes), instead of what gpu_memory_utilization "
+        "leaves after the weights and activations; checked against the free memory at start-up.",
+        gt=0.0,
+    )
+    sleep: bool = field(True, "vllm: sleep while training (weights and KV cache released), wake for generation (GPU only).")
+    sleep_level: int = field(
+        2,
+        "vllm: 2 = discard the weights while asleep (the trainer pushes all of them after every update anyway); "
+        "1 = keep a CPU copy of them (vLLM's level 1). Either way the KV cache is freed (docs/vllm.md).",
+        ge=1, le=2,
+    )
     verify_sync: bool = field(True, "vllm: after each weight push, check vLLM's log-probs against the trainer's.")
     is_correction: Literal["auto", "off", "token", "sequence"] = field(
         "auto",

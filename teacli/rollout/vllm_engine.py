@@ -9,16 +9,27 @@ One training step, as the loop calls it (the order of `teacli.rollout.base`):
 
     wake()          wake the KV cache (weights are already awake: see load_weights)
     generate(...)   sample; right after a push, also check the push took (below)
-    sleep()         level 1: weights offloaded to CPU RAM, KV cache freed, while the trainer runs
+    sleep()         while the trainer runs: KV cache freed, weights discarded (level 2, the default:
+                    a push follows every update) or offloaded to CPU RAM (level 1)
     load_weights()  wake the weights only, push the new ones, reset the prefix cache
+
+Memory (CUDA). vLLM 0.26 takes `gpu_memory_utilization` as its own share of the card's total and
+refuses to start unless that much is free. The engine is built after the trainer's models and
+optimizer, so it sizes that share from what the trainer leaves (`rollout.gpu_memory_utilization:
+auto`), counting also what the trainer allocates only at its first step (`trainer_bytes`), and a
+share or `rollout.kv_cache_gib` that cannot fit stops the run at start-up with the value that would.
+Before each wake it checks that what sleep released is free again, so a trainer that grew is one
+clear error naming the keys, not an out-of-memory inside vLLM.
 
 Failures of peer systems this design avoids, and how:
   * Stale weights after a sync (TRL #5312): every push is followed, on the next generation, by a
     check that re-scores a few just-sampled tokens with the trainer and compares vLLM's log-probs
     within a dtype-aware tolerance (`rollout.verify_sync`); a mismatch stops the run. The prefix
     cache is reset after every push, so no KV computed with old weights is reused.
-  * Buffers lost in sleep (OpenRLHF #723): only level 1 is used, which keeps everything vLLM
-    allocated (rotary caches included) in CPU RAM; level 2 would discard it.
+  * Buffers lost in sleep (OpenRLHF #723): vLLM 0.26 saves the model's buffers (rotary caches)
+    to CPU at level 2 and restores them on wake; the weights it discards are all pushed again
+    before the next generation (a wake without a push in between is refused), and the sync check
+    compares the result with the trainer.
   * LoRA weights never reaching vLLM (OpenRLHF #1349): adapters are merged into the pushed base
     weights (`teacli.lora.merged_named_tensors`); PEFT names never reach vLLM.
   * OOM on wake-up (verl #2186): torch's cached blocks are returned to the driver before
@@ -46,7 +57,9 @@ import logging
 import math
 import os
 import random
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +83,11 @@ _SYNC_CHECK_SEQUENCES = 4  # completions re-scored by the trainer after each pus
 _SYNC_CHECK_TOKENS = 32  # first tokens of each of them
 VLLM_TEMPERATURES = (0.01, 2.0)  # vLLM clamps below and refuses above (vllm/sampling_params.py)
 _CPU_KV_CACHE_GIB = 1  # default KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE says otherwise
+# rollout.gpu_memory_utilization: auto = this share of the memory the trainer leaves. With sleep, the
+# 10% kept back absorbs what the trainer's allocator keeps between steps; without sleep, the trainer's
+# activations must fit beside the engine.
+AUTO_SHARE = {True: 0.9, False: 0.5}
+_GiB = 2**30
 
 
 class VLLMEngine:
@@ -79,7 +97,8 @@ class VLLMEngine:
     DeepSpeed) — its config builds the engine and it re-scores tokens for the sync check.
     Options (from `build_engine`): `policy` (PolicyConfig: dtype, trust_remote_code), `seed`
     (the engine's seed; give each rank its own), `max_model_len` (prompt + completion tokens),
-    `dtype` (overrides policy.dtype), `llm_kwargs` (extra `vllm.LLM` arguments).
+    `dtype` (overrides policy.dtype), `trainer_bytes` (what the trainer will hold between steps, for
+    the memory plan: `backend.model_state_bytes`), `llm_kwargs` (extra `vllm.LLM` arguments).
     """
 
     def __init__(
@@ -92,6 +111,7 @@ class VLLMEngine:
         seed: int = 0,
         max_model_len: int | None = None,
         dtype: "str | torch.dtype | None" = None,
+        trainer_bytes: int | None = None,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         from teacli.models import resolve_dtype
@@ -106,6 +126,9 @@ class VLLMEngine:
         self.device = next(base.parameters()).device
         self.dtype = resolve_dtype(dtype if dtype is not None else (policy.dtype if policy else "auto"), self.device)
         self.tie_word_embeddings = bool(getattr(base.config, "tie_word_embeddings", False))
+        # vLLM's copy of the weights (ZeRO-3 shards count whole: ds_numel), for the memory plan and wake checks
+        self._weights_bytes = sum(getattr(p, "ds_numel", p.numel()) for p in base.parameters()) * _itemsize(self.dtype)
+        self._sleep_freed = 0
 
         import vllm
         from vllm.platforms import current_platform
@@ -130,8 +153,11 @@ class VLLMEngine:
         )
         if max_model_len is not None:  # the recipe's prompt + completion budget, within the model's context
             kwargs["max_model_len"] = min(max_model_len, getattr(base.config, "max_position_embeddings", None) or max_model_len)
+        self.memory: dict[str, float] = {}  # the plan (GiB), then what sleep and wake measured
         if self.device.type == "cuda":
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs.update(self._cuda_memory_plan(cfg, trainer_bytes))
+            if not _compile_on(cfg):
+                kwargs["enforce_eager"] = True
         else:
             # On CPU gpu_memory_utilization reserves that fraction of RAM; a fixed KV cache is saner beside a trainer.
             kwargs["enforce_eager"] = True  # no torch.compile warm-up (minutes on a few cores)
@@ -155,7 +181,7 @@ class VLLMEngine:
         self._owns_process_group = not (dist.is_available() and dist.is_initialized())  # vLLM will create it
         self._tmp = tempfile.TemporaryDirectory(prefix="tea-vllm-")
         _write_model_dir(base, tokenizer, self.dtype, self._tmp.name)
-        with _preserved_process_state():
+        with _preserved_process_state(), _memory_errors_name_the_keys():
             self.llm = vllm.LLM(model=self._tmp.name, tokenizer=self._tmp.name, **kwargs)
         self._asleep = False  # both weights and KV cache released
         self._weights_awake = True
@@ -228,9 +254,7 @@ class VLLMEngine:
         While asleep, only the weights wake for the push; the KV cache wakes in `wake()`.
         """
         if self._asleep and not self._weights_awake:
-            _release_cached_memory(self.device)
-            self.llm.wake_up(tags=["weights"])
-            self._weights_awake = True
+            self._wake_up("weights")
         self._push(self.vllm_weights(named_tensors))
         if not self.llm.reset_prefix_cache():  # KV computed with the old weights must never be reused
             raise RuntimeError("vLLM could not reset its prefix cache after the weight push (requests still running?)")
@@ -238,27 +262,83 @@ class VLLMEngine:
         self._verify_pending = True
 
     def sleep(self) -> None:
-        """Level 1: weights to CPU RAM, KV cache freed (no-op where sleep mode is unavailable)."""
+        """Free the KV cache and the weights (level 2: discarded; level 1: to CPU RAM) until `wake`.
+
+        A no-op where sleep mode is unavailable. After a level-2 sleep the engine holds no weights:
+        the next generation needs a push first (`load_weights`), which the training loop always makes.
+        """
         if not self.sleep_enabled or self._asleep:
             return
-        self.llm.sleep(level=1)
-        self._asleep, self._weights_awake = True, False
+        import torch
+
+        level = self.cfg.sleep_level
+        t0 = time.perf_counter()
         _release_cached_memory(self.device)
+        free_before = _free_bytes(self.device)
+        self.llm.sleep(level=level)
+        torch.cuda.synchronize(self.device)
+        self._sleep_freed = max(0, _free_bytes(self.device) - free_before)
+        self.memory.update(vllm_sleep_s=time.perf_counter() - t0, vllm_sleep_freed_gib=self._sleep_freed / _GiB)
+        self._asleep, self._weights_awake = True, False
+        if level == 2:
+            self._synced = False  # the weights are gone: generating before a push is refused
 
     def wake(self) -> None:
         """Weights (unless a push already woke them), then the KV cache."""
         if not self._asleep:
             return
-        _release_cached_memory(self.device)
         if not self._weights_awake:
-            self.llm.wake_up(tags=["weights"])
-        self.llm.wake_up(tags=["kv_cache"])
+            if self.cfg.sleep_level == 2:
+                raise RuntimeError("the vllm engine slept at level 2 and holds no weights: push them (load_weights) before waking it")
+            self._wake_up("weights")
+        self._wake_up("kv_cache")
         self.llm.reset_prefix_cache()  # the KV blocks were discarded
-        self._asleep, self._weights_awake = False, True
+        self._asleep = False
+
+    def _wake_up(self, tag: str) -> None:
+        """Wake the weights or the KV cache, after checking that the memory they need is free again."""
+        import torch
+
+        t0 = time.perf_counter()
+        _release_cached_memory(self.device)
+        # What the last sleep released: the weights' bytes, and the rest is the KV cache (and its graphs).
+        need = self._weights_bytes if tag == "weights" else max(0, self._sleep_freed - self._weights_bytes)
+        free = _free_bytes(self.device)
+        if free < need:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization: the vllm engine needs {need / _GiB:.1f} GiB to wake its "
+                f"{tag.replace('_', ' ')} but only {free / _GiB:.1f} GiB is free: the trainer holds more memory than when the "
+                "engine was built. Lower rollout.gpu_memory_utilization or rollout.kv_cache_gib, then resume"
+            )
+        self.llm.wake_up(tags=[tag])
+        torch.cuda.synchronize(self.device)
+        self._weights_awake = self._weights_awake or tag == "weights"
+        self.memory[f"vllm_wake_{tag}_s"] = time.perf_counter() - t0
+        if tag == "weights":
+            self.memory["gpu_free_gib_before_wake"] = free / _GiB
+
+    def _cuda_memory_plan(self, cfg: "RolloutConfig", trainer_bytes: int | None) -> dict[str, Any]:
+        """`vllm.LLM`'s memory arguments from what the trainer leaves on this rank's GPU (`memory_plan`)."""
+        import torch
+
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        kwargs, how = memory_plan(
+            cfg.gpu_memory_utilization, cfg.kv_cache_gib, self.sleep_enabled, free=free, total=total,
+            allocated=torch.cuda.memory_allocated(self.device), trainer_bytes=trainer_bytes or 0, weights_bytes=self._weights_bytes,
+        )
+        print(f"tea: vllm engine on {self.device}: {how}", file=sys.stderr, flush=True)
+        self.memory["vllm_share_gib"] = kwargs["gpu_memory_utilization"] * total / _GiB
+        if self.sleep_enabled:  # every metrics line gets the same keys
+            self.memory.update(dict.fromkeys(
+                ["vllm_sleep_s", "vllm_sleep_freed_gib", "vllm_wake_weights_s", "vllm_wake_kv_cache_s", "gpu_free_gib_before_wake"], 0.0
+            ))
+        return kwargs
 
     def stats(self) -> dict[str, float]:
-        """The latest sync check (see `check_sync`), for metrics.jsonl; empty before the first or when off."""
-        return dict(self._last_check)
+        """For metrics.jsonl: the latest sync check (see `check_sync`; empty before the first or when off),
+        and on CUDA the memory plan and the last sleep and wake (seconds, GiB freed, GiB free before waking)."""
+        return {**self._last_check, **self.memory}
 
     # -- the sync check ---------------------------------------------------------------------------
 
@@ -399,6 +479,87 @@ def _prompt_seed(seed: int, index: int) -> int:
     """A 48-bit seed per (call seed, prompt index); vLLM seeds the prompt's sample j with seed + j."""
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=6).digest()
     return int.from_bytes(digest, "big")
+
+
+def memory_plan(
+    utilization: "float | str", kv_cache_gib: float | None, sleep: bool, *, free: int, total: int, allocated: int,
+    trainer_bytes: int, weights_bytes: int,
+) -> tuple[dict[str, Any], str]:
+    """vLLM's memory arguments on one GPU beside the trainer → (kwargs, a line saying what was chosen).
+
+    free, total: the device's memory now (bytes); allocated: what this process's torch holds;
+    trainer_bytes: what the trainer will hold between steps (`backend.model_state_bytes`), some of
+    which (AdamW's moments without ZeRO, gradient buffers) it allocates only at its first step.
+    The trainer leaves `free − max(0, trainer_bytes − allocated)`. The engine's share is
+    `utilization` × total, or for 'auto' `AUTO_SHARE[sleep]` × what the trainer leaves; a share
+    larger than what the trainer leaves, or a `kv_cache_gib` that with the weights exceeds the
+    share, is a ValueError naming the key and the value that fits. vLLM 0.26 itself refuses to
+    start when less than `gpu_memory_utilization` × total is free, and with `kv_cache_memory_bytes`
+    reads gpu_memory_utilization for that check only.
+    """
+    later = max(0, trainer_bytes - allocated)
+    leaves = max(0, free - later)
+    where = f"{free / _GiB:.1f} GiB free now" + (f", less {later / _GiB:.1f} GiB the trainer allocates at its first step" if later else "")
+    if utilization == "auto":
+        share = AUTO_SHARE[sleep] * leaves
+        how = f"auto: {AUTO_SHARE[sleep]:.0%} of the {leaves / _GiB:.1f} GiB the trainer leaves ({where})"
+    else:
+        share = float(utilization) * total
+        if share > leaves:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization: {utilization:g} of this GPU's {total / _GiB:.1f} GiB is {share / _GiB:.1f} GiB, but "
+                f"the trainer leaves {leaves / _GiB:.1f} GiB ({where}); set it to at most {math.floor(leaves / total * 100) / 100:.2f}, or to auto"
+            )
+        how = f"rollout.gpu_memory_utilization {utilization:g} of {total / _GiB:.1f} GiB"
+    kwargs: dict[str, Any] = {"gpu_memory_utilization": share / total}
+    kv = f"what remains after the weights ({weights_bytes / _GiB:.2f} GiB) and activations"
+    if kv_cache_gib is not None:
+        if kv_cache_gib * _GiB + weights_bytes > share:
+            raise ValueError(
+                f"rollout.kv_cache_gib: {kv_cache_gib:g} GiB of KV cache and {weights_bytes / _GiB:.2f} GiB of weights exceed the "
+                f"engine's {share / _GiB:.1f} GiB ({how}); lower rollout.kv_cache_gib or raise rollout.gpu_memory_utilization"
+            )
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
+        kv = f"{kv_cache_gib:g} GiB (rollout.kv_cache_gib)"
+    return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv}"
+
+
+def _compile_on(cfg: "RolloutConfig") -> bool:
+    """rollout.compile for vLLM on CUDA: auto and true keep vLLM's compile and CUDA graphs, false is enforce_eager."""
+    return cfg.compile is not False
+
+
+def _itemsize(dtype: "torch.dtype") -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _free_bytes(device: "torch.device") -> int:
+    import torch
+
+    return torch.cuda.mem_get_info(device)[0]
+
+
+@contextlib.contextmanager
+def _memory_errors_name_the_keys() -> Iterator[None]:
+    """vLLM's start-up memory errors (KV cache too small for one sequence, no memory for its blocks, or an
+    out-of-memory while profiling) as one ValueError naming the recipe keys that change them."""
+    import torch
+
+    keys = (
+        "raise rollout.gpu_memory_utilization or rollout.kv_cache_gib, or lower data.max_prompt_tokens + "
+        "rollout.max_new_tokens (the engine's max_model_len)"
+    )
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        raise ValueError(f"rollout.gpu_memory_utilization: out of GPU memory while building the vllm engine ({str(exc).splitlines()[0][:200]}); lower it or rollout.kv_cache_gib, or free memory for it") from None
+    except ValueError as exc:
+        text = str(exc)
+        if "KV cache" in text or "cache blocks" in text or "memory" in text.lower():
+            raise ValueError(f"rollout.gpu_memory_utilization / rollout.kv_cache_gib: vLLM does not fit its memory share: {text.splitlines()[0][:400]} ({keys})") from None
+        raise
 
 
 def _release_cached_memory(device: "torch.device") -> None:

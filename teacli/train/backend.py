@@ -108,6 +108,18 @@ def gradient_checkpointing(recipe: "Recipe", model, world: World) -> bool:
     inter = getattr(text, "intermediate_size", None) or 4 * hidden
     tokens = recipe.optim.micro_batch_size * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
     activations = tokens * layers * 2 * (16 * hidden + 3 * inter)
+    total = torch.cuda.get_device_properties(world.device).total_memory
+    return activations > 0.5 * (total - model_state_bytes(recipe, model, world))
+
+
+def model_state_bytes(recipe: "Recipe", model, world: World) -> int:
+    """Estimated bytes this rank's trainer holds between steps: weights (bf16; a reference model another
+    copy), gradients and fp32 master weights + AdamW moments, as the ZeRO stage partitions them.
+
+    Per parameter: 2 bytes of weights, and for trainable ones 2 of gradient and 12 of optimizer state.
+    Some of it (AdamW's moments without ZeRO, gradient buffers) is allocated only at the first step,
+    which is why the vllm engine sizes itself from this and not only from what is allocated when it is built.
+    """
     n_all = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     w, stage = world.world_size, recipe.backend.zero_stage
@@ -116,8 +128,7 @@ def gradient_checkpointing(recipe: "Recipe", model, world: World) -> bool:
         weights += 2 * n_all
     grads = 2 * n_train / (w if stage >= 2 else 1)
     optim = 0 if recipe.backend.offload_optimizer else 12 * n_train / (w if stage >= 1 else 1)
-    total = torch.cuda.get_device_properties(world.device).total_memory
-    return activations > 0.5 * (total - weights - grads - optim)
+    return int(weights + grads + optim)
 
 
 def deepspeed_config(recipe: "Recipe", world: World, grad_accum: int, precision: str) -> dict[str, Any]:

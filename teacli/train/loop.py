@@ -232,11 +232,12 @@ def _setup(recipe: "Recipe", world):
         raise TrainError(f"rollout.prompts_per_step={P} must be divisible by the number of processes ({world.world_size})")
     local_seqs = (P // world.world_size) * m
     grad_accum = -(-local_seqs // recipe.optim.micro_batch_size)
+    trainer_bytes = backend.model_state_bytes(recipe, policy, world)  # before ZeRO-3 partitions the parameters
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
     rollout = build_rollout(
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
-        max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
-    )  # the options reach the vllm engine only
+        max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
+    )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
     return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report
 
 
@@ -570,7 +571,8 @@ def _validation(engine, rollout, reward, val_prompts, recipe) -> dict[str, Any]:
     with backend.generation_weights(engine, recipe.backend.zero_stage):
         # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
         result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
-    rollout.sleep()
+    # No sleep: the next thing the engine does is the next step's generation, with these same weights
+    # (a level-2 sleep would discard them with no push to bring them back).
     return backend.broadcast_object(result)
 
 

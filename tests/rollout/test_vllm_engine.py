@@ -25,6 +25,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import torch  # noqa: E402
 from tiny_lm import llama_config, make_causal_lm, make_tokenizer, save  # noqa: E402
+from vllm_checks import first_token_tv, ids_of, max_logprob_gap, optimizer_step, sample  # noqa: E402
 
 from teacli.config import RolloutConfig  # noqa: E402
 from teacli.models import encode_chat  # noqa: E402
@@ -33,7 +34,6 @@ from teacli.rollout.base import RolloutSyncError  # noqa: E402
 from teacli.rollout.hf import HFEngine  # noqa: E402
 from teacli.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from teacli.logprobs import token_logprobs  # noqa: E402
-from teacli.types import SamplingConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -76,43 +76,6 @@ def fresh(engine, model):
     engine.generate([[2, 5]], 1, sample(max_new_tokens=1), seed=0)  # consume the pending sync check
 
 
-def sample(**kw) -> SamplingConfig:
-    return SamplingConfig(**{"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, **kw})
-
-
-def ids_of(out):
-    return [[c.token_ids for c in row] for row in out]
-
-
-def trainer_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        return token_logprobs(model, ids, torch.ones_like(ids), len(prompt))[0]
-
-
-def max_logprob_gap(model, prompts, out) -> float:
-    """Largest |vLLM log-prob − transformers log-prob| over every sampled token of `out`."""
-    gap = 0.0
-    for prompt, row in zip(prompts, out):
-        for c in row:
-            if c.token_ids:
-                ref = trainer_logprobs(model, prompt, c.token_ids)
-                gap = max(gap, float((ref - torch.tensor(c.logprobs)).abs().max()))
-    return gap
-
-
-def optimizer_step(model, tok, prompts, lr=3e-2) -> None:
-    """One real AdamW step on a log-likelihood loss: every trained weight moves."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    ids = torch.tensor([prompts[0] + [tok.eos_token_id]])
-    model.train()
-    loss = -token_logprobs(model, ids, torch.ones_like(ids), 1).sum()
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    model.eval()
-
-
 class PlainEngine:
     """The slice of DeepSpeedEngine that `teacli.train.loop.train_step` uses, around a plain module and SGD."""
 
@@ -148,21 +111,6 @@ class PlainEngine:
 
     def get_global_grad_norm(self):
         return float(torch.cat([p.grad.flatten() for p in self.module.parameters() if p.grad is not None]).norm())
-
-
-def exact_first_token_probs(model, prompt, temperature, top_k, top_p) -> torch.Tensor:
-    """The hf engine's contract written out: softmax(logits / T), then top-k, then top-p (renormalized)."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt])).logits[0, -1].double() / temperature
-    if top_k:
-        logits[logits < logits.topk(top_k).values[-1]] = -float("inf")
-    probs = logits.softmax(-1)
-    order = probs.argsort(descending=True)
-    keep = probs[order].cumsum(0) - probs[order] < top_p  # smallest prefix whose mass reaches top_p
-    mask = torch.zeros_like(probs, dtype=torch.bool)
-    mask[order[keep]] = True
-    probs = torch.where(mask, probs, torch.zeros_like(probs))
-    return probs / probs.sum()
 
 
 # -- engines of their own: built and closed one at a time ------------------------------------------
@@ -279,12 +227,8 @@ class TestOneEngine:
     @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 0.8), (1.3, 5, 0.95)])
     def test_first_token_distribution_is_the_contract(self, engine, model, prompts, temperature, top_k, top_p):
         """2,000 first tokens: support inside the contract's, frequencies within sampling noise of it."""
-        exact = exact_first_token_probs(model, prompts[1], temperature, top_k, top_p)
-        out = engine.generate([prompts[1]], n=2000, sampling=sample(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=1), seed=11)
-        counts = torch.bincount(torch.tensor([c.token_ids[0] for c in out[0]]), minlength=exact.numel()).double()
-        assert exact[counts > 0].min() > 0  # never a token the contract excludes
-        tv = 0.5 * float((counts / counts.sum() - exact).abs().sum())
-        noise = 0.5 * float((2 * exact * (1 - exact) / (torch.pi * counts.sum())).sqrt().sum())  # E[TV] of a correct sampler
+        tv, noise, outside = first_token_tv(engine, model, prompts[1], temperature, top_k, top_p)
+        assert outside == 0  # never a token the contract excludes
         assert tv < 1.5 * noise + 0.01, (tv, noise)
 
 

@@ -1,0 +1,45 @@
+"""The vllm engine's memory plan on a GPU shared with the trainer (`teacli.rollout.vllm_engine.memory_plan`):
+pure arithmetic, so it runs without vLLM or a GPU. Expected values are worked out here from the rule in its
+docstring: the trainer leaves free − max(0, trainer_bytes − allocated); auto takes 90% of that (50% without
+sleep); a fixed share must fit in it; a fixed KV cache plus the weights must fit in the share."""
+
+from __future__ import annotations
+
+import pytest
+
+from teacli.rollout.vllm_engine import memory_plan  # imports no vLLM: this runs in the main suite
+
+G = 2**30
+# An 80 GiB card; the trainer has 10 GiB allocated, will hold 14 GiB after its first step; 60 GiB free now.
+CARD = dict(free=60 * G, total=80 * G, allocated=10 * G, trainer_bytes=14 * G, weights_bytes=1 * G)
+
+
+def test_auto_is_ninety_percent_of_what_the_trainer_leaves_with_sleep_and_half_without():
+    leaves = 60 - (14 - 10)  # GiB
+    kwargs, line = memory_plan("auto", None, True, **CARD)
+    assert kwargs == {"gpu_memory_utilization": pytest.approx(0.9 * leaves / 80)}
+    assert "auto" in line and f"{leaves:.1f} GiB the trainer leaves" in line
+    kwargs, _ = memory_plan("auto", None, False, **CARD)
+    assert kwargs["gpu_memory_utilization"] == pytest.approx(0.5 * leaves / 80)
+
+
+def test_a_trainer_that_already_holds_its_state_leaves_what_is_free():
+    kwargs, line = memory_plan("auto", None, True, **{**CARD, "allocated": 20 * G})
+    assert kwargs["gpu_memory_utilization"] == pytest.approx(0.9 * 60 / 80)
+    assert "first step" not in line
+
+
+def test_a_fixed_share_that_fits_is_passed_as_it_is_and_one_that_does_not_names_the_key_and_what_fits():
+    kwargs, _ = memory_plan(0.5, None, True, **CARD)  # 40 GiB of the 56 the trainer leaves
+    assert kwargs == {"gpu_memory_utilization": 0.5}
+    with pytest.raises(ValueError, match=r"^rollout.gpu_memory_utilization: 0.9 .* 72.0 GiB.* leaves 56.0 GiB.* at most 0.70, or to auto"):
+        memory_plan(0.9, None, True, **CARD)
+
+
+def test_a_fixed_kv_cache_sets_vllms_bytes_and_must_fit_the_share_with_the_weights():
+    kwargs, line = memory_plan("auto", 8.0, True, **CARD)
+    assert kwargs["kv_cache_memory_bytes"] == 8 * G and "8 GiB (rollout.kv_cache_gib)" in line
+    assert kwargs["gpu_memory_utilization"] * 80 * G <= CARD["free"]  # vLLM's own start-up check passes
+    share = 0.9 * 56  # 50.4 GiB: 50 GiB of KV cache + 1 GiB of weights do not fit
+    with pytest.raises(ValueError, match=rf"^rollout.kv_cache_gib: 50 GiB .* 1.00 GiB of weights exceed the engine's {share:.1f} GiB"):
+        memory_plan("auto", 50.0, True, **CARD)

@@ -1,0 +1,63 @@
+"""The order in which `tea train` drives its rollout engine (teacli/rollout/base.py's protocol).
+
+The vllm engine's default sleep (level 2) discards its weights, so after every `sleep()` the loop
+must push weights (`load_weights`) before it wakes the engine or generates again. A recording
+engine around the hf engine checks that on a real run with validation at start and at every
+checkpoint (validation used to sleep, and the next step then generated without a push).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent
+
+RECORDER = r"""
+import json, sys
+import teacli.rollout.factory as factory
+
+real = factory.build_engine
+log = open(sys.argv[1], "w")
+
+class Recorder:
+    def __init__(self, engine):
+        self.engine = engine
+    def __getattr__(self, name):
+        attr = getattr(self.engine, name)
+        if name in ("generate", "load_weights", "sleep", "wake"):
+            def call(*args, **kwargs):
+                log.write(name + "\n"); log.flush()
+                return attr(*args, **kwargs)
+            return call
+        return attr
+
+factory.build_engine = lambda *a, **k: Recorder(real(*a, **k))
+sys.argv = ["tea", *sys.argv[2:]]
+from teacli.cli import main
+main()
+"""
+
+
+def test_every_sleep_is_followed_by_a_push_before_the_next_generation(tmp_path):
+    sys.path.insert(0, str(TESTS))
+    from tiny_lm import make_assets, tea_env, tiny_recipe, write_recipe
+
+    assets = make_assets(tmp_path / "assets")
+    rec = write_recipe(tmp_path / "r.yaml", tiny_recipe(assets / "policy", assets / "data", optim__steps=3, checkpoint__save_every=1))
+    calls = tmp_path / "calls.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", RECORDER, str(calls), "train", str(rec), "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, env=tea_env(tmp_path), timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seq = calls.read_text().split()
+    validations = [json.loads(line)["step"] for line in (tmp_path / "run" / "validation.jsonl").read_text().splitlines()]
+    assert validations == [0, 1, 2, 3]  # validation at start and after every step: the case that broke
+    assert seq.count("sleep") == 3 and seq[0] == "load_weights"
+    for i, name in enumerate(seq):
+        if name == "sleep":
+            following = [c for c in seq[i + 1 :] if c in ("load_weights", "wake", "generate")]
+            assert following[:1] in (["load_weights"], []), (i, seq)
