@@ -182,7 +182,7 @@ def run_tea(args, device) -> dict:
         print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
     settings = {
         "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
-        "logprobs": resolved_kind(engine, device), "attention": rollout.attention, "static_cache": static, "compile": compiled,
+        "logprobs": resolved_kind(engine, device), "attention": getattr(rollout, "attention", "vllm"), "static_cache": static, "compile": compiled,
         "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"),
         "params": n_params, "engine": args.engine,
     }
@@ -314,10 +314,12 @@ def run_child(side: str) -> dict:
     import socket
     import subprocess
 
-    with tempfile.TemporaryDirectory(prefix="tea_vs_trl_") as tmp, socket.socket() as sock:
+    with socket.socket() as sock:  # a free port for the child's process group, released before it starts
         sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="tea_vs_trl_") as tmp:
         env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(sock.getsockname()[1])}
+               "MASTER_PORT": str(port)}
         argv = [a for a in sys.argv[1:] if a != "--json" and not a.endswith(".json")]
         proc = subprocess.run([sys.executable, __file__, *argv, "--only", side, "--json", f"{tmp}/{side}.json"], env=env)
         if proc.returncode != 0:
