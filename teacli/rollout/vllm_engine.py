@@ -39,11 +39,13 @@ Failures of peer systems this design avoids, and how:
 
 Sampling is the `hf` engine's contract: temperature, then top-k (0 = off), then top-p, stop at the
 tokenizer's EOS, nothing else; the model's generation_config is not read (`generation_config=
-"vllm"`). A call is reproducible given its inputs and seed: on CUDA the call's seed seeds the
-device's generator, which vLLM's batched sampler draws from (requests with seeds of their own are
-sampled one by one there, far slower); on CPU each prompt's request gets its own seed (derived
-from the call's seed and the prompt's index; vLLM gives sample j of a request seed + j). vLLM's
-batched kernels can still make logits depend on batch composition on GPU.
+"vllm"`). Each prompt's request gets its own seed (derived from the call's seed and the prompt's
+index; vLLM gives sample j of a request seed + j), so a call is reproducible given its inputs
+and seed, across processes too (a resumed run samples what the uninterrupted one did: a GPU test
+checks it). Requests without a seed would not be: vLLM 0.26's GPU model runner (V2) then draws one
+from NumPy's global generator, which nothing seeds. Seeded requests cost nothing extra there (its
+Gumbel sampler takes a seed per request). vLLM's batched kernels can still make logits depend on
+batch composition on GPU.
 
 Where sleep mode is unavailable (vLLM's CPU build) the engine runs without it and says so once.
 On CPU, vLLM rebinds OpenMP threads in the calling process and replaces `torch.set_num_threads`
@@ -222,10 +224,6 @@ class VLLMEngine:
                 f"max_model_len={limit}; lower data.max_prompt_tokens or rollout.max_new_tokens"
             )
         self.wake()
-        # On CUDA one seed per call, through the device's generator (the engine runs in this process): vLLM
-        # samples requests that carry their own seed one at a time (vllm/v1/sample/ops/topk_topp_sampler.py),
-        # which made a step's generation ~1.6x slower. On CPU each prompt's request carries its seed.
-        per_call = self.device.type == "cuda"
         params = [
             SamplingParams(
                 n=n,
@@ -237,14 +235,14 @@ class VLLMEngine:
                 max_tokens=sampling.max_new_tokens,
                 min_tokens=0,
                 stop_token_ids=list(self.eos_token_ids),
-                seed=None if per_call else _prompt_seed(seed, i),
+                seed=_prompt_seed(seed, i),
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,  # we decode exactly as the hf engine does
             )
             for i in range(len(prompt_token_ids))
         ]
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
-        with _preserved_rng(), _seeded_device(self.device, _prompt_seed(seed, -1) if per_call else None):
+        with _preserved_rng():
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
         groups = [[self._completion(o) for o in out.outputs] for out in outputs]
         if any(len(g) != n for g in groups):
@@ -588,24 +586,6 @@ def _preserved_rng() -> Iterator[None]:
         torch.set_rng_state(states[0])
         random.setstate(states[1])
         np.random.set_state(states[2])
-
-
-@contextlib.contextmanager
-def _seeded_device(device: "torch.device", seed: int | None) -> Iterator[None]:
-    """Seed `device`'s default generator (vLLM's sampler draws from it for requests without a seed of their
-    own) for the duration, then give the caller its own state back. No-op when seed is None."""
-    if seed is None:
-        yield
-        return
-    import torch
-
-    state = torch.cuda.get_rng_state(device)
-    with torch.cuda.device(device):
-        torch.cuda.manual_seed(seed)
-    try:
-        yield
-    finally:
-        torch.cuda.set_rng_state(state, device)
 
 
 @contextlib.contextmanager
