@@ -666,7 +666,12 @@ def report(
         show_default=False,
         metavar="RUN_DIR",
     ),
-    bootstrap: int = typer.Option(1000, "--bootstrap", min=1, help="Paired prompt-bootstrap resamples."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", min=1, help="Bootstrap resamples."),
+    bootstrap_levels: str = typer.Option(
+        "auto", "--bootstrap-levels", help="What the intervals resample: prompts (the paired prompt bootstrap), seeds-prompts "
+        "(two-level: a method's seeds, then prompts, paired across methods with the same seeds) or auto (seeds-prompts when "
+        "some method has two or more seeds, else prompts).",
+    ),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Run every delta is taken against (name or path; default: the first RUN_DIR)."),
     pair: list[str] = typer.Option(
         [], "--pair", help="RUN=BASELINE: compare RUN with its own baseline instead (names or paths; repeatable), e.g. "
@@ -709,7 +714,7 @@ def report(
         if not run_dirs:
             typer.echo(f"no RUN_DIR given: reporting {', '.join(str(r) for r in runs)}")
         result = build_report(runs, out, baseline=baseline, pairs=pairs, resamples=bootstrap, seed=seed, split=split, M=n,
-                              checkpoint=checkpoint, endpoints=ends, base_arm=base_arm)
+                              checkpoint=checkpoint, endpoints=ends, base_arm=base_arm, levels=bootstrap_levels)
     except ReportError as exc:
         _fail(str(exc))
         return

@@ -46,7 +46,7 @@ from typing import Any
 
 from teacli.eval import stats
 from teacli.report import tables as T
-from teacli.report.compare import GRPO_Z_RULE, OURS_RULES, TTA_RULES, Report, compare
+from teacli.report.compare import GRPO_Z_RULE, OURS_RULES, TTA_RULES, Report, check_levels, compare
 from teacli.report.read import (  # noqa: F401  (re-exported: the report's reading API)
     JudgeRow,
     ReportError,
@@ -92,10 +92,22 @@ def _picks_text(rep: Report, Ns: Sequence[int]) -> str:
     return "; ".join(f"{', '.join(f'bo{n}' for n in ns)}: {run}" for run, ns in groups.items())
 
 
+def seed_sets(rep: Report) -> dict[str, list[int]]:
+    """Each pooled method → its seeds."""
+    return {r.name: sorted(s.recipe.seed for s in r.seeds if s.recipe and s.recipe.seed is not None) for r in rep.runs if r.seeds}
+
+
+def interval_name(rep: Report) -> str:
+    """The tables' name for the intervals' method (rep.levels)."""
+    if rep.levels == "seeds-prompts":
+        return "two-level paired bootstrap (seeds, then prompts)"
+    return "paired prompt bootstrap"
+
+
 def make_tables(rep: Report) -> list[T.Table]:
     Ns, P = rep.N, len(rep.prompts)
     where = f"{rep.split} ({P} prompts, M={rep.M})"
-    ci = f"paired prompt bootstrap 95% CI, {rep.resamples} resamples, seed {rep.seed}"
+    ci = f"{interval_name(rep)} 95% CI, {rep.resamples} resamples, seed {rep.seed}"
     compared = rep.compared()
     several = len(rep.baselines_in_use()) > 1
     ends = _cols(Ns, rep.endpoints)
@@ -123,6 +135,8 @@ def make_tables(rep: Report) -> list[T.Table]:
         out.append(endpoints)
 
         caption = f"Prompt-level win/tie/loss (%) on {where}; tie = |diff| <= 1e-9"
+        if rep.pooled():
+            caption += "; a pooled method's value on a prompt is its mean over seeds"
         if rep.extra:
             caption += "; 'vs Best TTA' rows: per column the best test-time-aware run at the same m"
         wtl = T.Table("win_tie_loss", caption, ["Comparison", *[f"bo{n}" for n in rep.endpoints]])
@@ -179,7 +193,8 @@ def make_tables(rep: Report) -> list[T.Table]:
     if rep.seed_rows:
         pooled = ", ".join(f"{r.name} ({len(r.seeds)} seeds)" for r in rep.pooled())
         t = T.Table("seeds", f"Every seed of the pooled methods on {where} ({pooled}): mean grouped best-of-N of each seed "
-                    f"run and its delta to its baseline's run of the same seed ({ci})",
+                    f"run and its delta to its baseline's run of the same seed (one run each: paired prompt bootstrap 95% CI, "
+                    f"{rep.resamples} resamples, seed {rep.seed})",
                     ["Method", "Seed", "Run", "Step", *[f"bo{n}" for n in rep.endpoints], "Baseline run",
                      *[f"Δbo{n} [95% CI]" for n in rep.endpoints]])
         for row in rep.seed_rows:
@@ -220,8 +235,9 @@ def notes(rep: Report) -> list[str]:
         f"Split {rep.split}, M = {rep.M} completions per prompt, {len(rep.prompts)} prompts, the same for every run.",
         f"Baseline: {rep.baseline}" + (f"; pairs (run vs its own baseline): {', '.join(f'{r} vs {b}' for r, b in pairs)}" if pairs else "")
         + (f"; not compared (they are baselines): {', '.join(unpaired)}" if unpaired else "") + ".",
-        f"Deltas: paired prompt bootstrap, {rep.resamples} resamples, seed {rep.seed}, 95% percentile interval. "
-        "Ties: |difference| <= 1e-9.",
+        f"Intervals: {interval_name(rep)}, {rep.resamples} resamples, seed {rep.seed}, 95% percentile interval"
+        f" (--bootstrap-levels {rep.levels_requested}" + (f" → {rep.levels}" if rep.levels_requested == "auto" else "") + "). "
+        + _levels_note(rep) + " Ties: |difference| <= 1e-9.",
         "bo<N>: grouped best-of-N (M/N consecutive groups of N, mean of group maxima per prompt, mean over prompts).",
         "Runs: " + "; ".join(f"{r.name} ({r.advantage}, {_budget(r, rep)}, checkpoint {r.checkpoint})" for r in rep.runs) + ".",
         "Roles come from each run's recipe.yaml advantage.name: test-time-aware (TTA) = " + ", ".join(TTA_RULES)
@@ -229,8 +245,11 @@ def notes(rep: Report) -> list[str]:
     ]
     for r in rep.pooled():
         lines.append(f"{r.name}: {len(r.seeds)} seeds pooled ({', '.join(s.name for s in r.seeds)}; recipes equal but for "
-                     "seed): per prompt and N, the mean over seeds of the grouped best-of-N; the bootstrap and W/T/L use "
-                     "those seed-averaged values; mean length pools every completion of every seed; per-seed rows in `seeds`.")
+                     "seed): per prompt and N, the mean over seeds of the grouped best-of-N; means, W/T/L and the Best TTA "
+                     "pick use those seed-averaged values"
+                     + ("; intervals resample its seeds, then prompts" if rep.levels == "seeds-prompts" else
+                        "; intervals resample prompts only (no run-to-run variance)")
+                     + "; mean length pools every completion of every seed; per-seed rows in `seeds` (prompt-only intervals).")
     if rep.base_arm:
         lines.append(f"Base arm: {rep.base_arm}, the untrained policy (eval/base/); every run's delta to it at every N "
                      "is in `vs_base`, its W/T/L in the last rows of `win_tie_loss`.")
@@ -248,6 +267,24 @@ def notes(rep: Report) -> list[str]:
     return lines
 
 
+def _levels_note(rep: Report) -> str:
+    """What the chosen levels count, and how seeds were paired."""
+    if rep.levels == "prompts":
+        if any(r.seeds for r in rep.runs):
+            return ("Prompts only: the intervals leave out run-to-run (seed) variance, though some methods have "
+                    "several seeds.")
+        return "Prompts only: every method is one run, so run-to-run variance is not measured."
+    sets = seed_sets(rep)
+    single = [r.name for r in rep.runs if not r.seeds and r.name != rep.base_arm]
+    text = ("Seeds, then prompts: each resample draws each method's seeds with replacement and the prompts with "
+            "replacement; two methods with the same seed set are paired seed by seed, others are drawn apart.")
+    if len({tuple(v) for v in sets.values()}) > 1:
+        text += " Seed sets: " + "; ".join(f"{n} {v}" for n, v in sets.items()) + "."
+    if single:
+        text += f" One run (no seed level, its run-to-run variance not counted): {', '.join(single)}."
+    return text
+
+
 def _markdown_report(rep: Report, tabs: list[T.Table], pngs: list[Path]) -> str:
     parts = ["# Best-of-N report", "", *[f"- {line}" for line in notes(rep)], ""]
     for t in tabs:
@@ -260,7 +297,9 @@ def _markdown_report(rep: Report, tabs: list[T.Table], pngs: list[Path]) -> str:
 def _summary(rep: Report) -> dict[str, Any]:
     return {
         "split": rep.split, "M": rep.M, "N": rep.N, "prompts": len(rep.prompts), "baseline": rep.baseline,
-        "bootstrap": {"resamples": rep.resamples, "seed": rep.seed, "level": 0.95, "interval": "percentile"},
+        "bootstrap": {"resamples": rep.resamples, "seed": rep.seed, "level": 0.95, "interval": "percentile",
+                      "levels": rep.levels, "levels_requested": rep.levels_requested, "method": interval_name(rep),
+                      "seed_sets": seed_sets(rep) or None},
         "runs": {
             r.name: {
                 "path": str(r.path), "checkpoint": r.checkpoint, "group_size": r.group_size, "advantage": r.advantage,
@@ -396,13 +435,15 @@ def build_report(
     endpoints: Sequence[int] | None = None,
     plots: bool = True,
     base_arm: Path | None = None,
+    levels: str = "auto",
 ) -> ReportResult:
     """Read the runs' evaluation files, compare every run with its baseline, write tables and plots.
 
     `pairs`: run → its own baseline (names or paths of reported runs, or method names); other runs use
     `baseline`. Runs that are seeds of one recipe are pooled into one method (teacli/report/pool.py).
     `base_arm`: a run directory whose untrained policy's evaluation (eval/base/) is an arm every
-    method is compared with.
+    method is compared with. `levels`: what the intervals resample, "auto", "prompts" or "seeds-prompts"
+    (teacli/report/compare.py).
     """
     from teacli.report import pool
 
@@ -416,6 +457,7 @@ def build_report(
         raise ReportError(f"--base-arm {base_arm}: also given as a RUN_DIR; the base arm is reported from its eval/base/ only")
     if resamples < 1:
         raise ReportError(f"--bootstrap must be >= 1, got {resamples}")
+    check_levels(levels)
     out = Path(out)
     check_out(out)  # before the work: a bad --out costs nothing
     all_names = run_names([*runs_paths, *([Path(base_arm)] if base_arm is not None else [])])
@@ -442,7 +484,7 @@ def build_report(
     loaded = [load_run(p, n, checkpoint, split, M, info) for p, n, info in zip(runs_paths, names, infos)]
     runs = [pool.pool(m.name, [loaded[i] for i in m.members]) if m.pooled else loaded[m.members[0]] for m in methods]
     arm = load_run(Path(base_arm), all_names[-1], "base", split, M) if base_arm is not None else None
-    rep = compare(runs, base_name, resamples, seed, endpoints, pair_names, arm)
+    rep = compare(runs, base_name, resamples, seed, endpoints, pair_names, arm, levels)
     tabs = make_tables(rep)
 
     out.resolve().parent.mkdir(parents=True, exist_ok=True)

@@ -23,16 +23,22 @@ GRPO-Z run at its m that is not already its baseline. The paper prints these for
 gets them too (a superset, labelled by run).
 
 Seeds and the base arm. A method whose seeds were pooled (teacli/report/pool.py) is one row whose
-per-prompt values are the seed means; it is compared like a run. Its seeds also get per-seed rows,
-each paired with the run of the same seed of its baseline when the baseline is a pooled method with
-that seed. The base arm (the untrained policy, `--base-arm`) is a frontier row every other run or
-method is compared with too (method − base at every N, W/T/L); it never is a baseline, a Best TTA
-candidate or an "ours" run.
+per-prompt values are the seed means: its mean, the Best TTA pick (the highest pooled mean) and W/T/L
+(a prompt wins when the method's seed-averaged value beats the other's) use them as one run's values.
+Its intervals count its seeds (below). Its seeds also get per-seed rows, each paired with the run of
+the same seed of its baseline when the baseline is a pooled method with that seed. The base arm (the
+untrained policy, `--base-arm`) is a frontier row every other run or method is compared with too
+(method − base at every N, W/T/L); it never is a baseline, a Best TTA candidate or an "ours" run.
 
-Statistics (teacli.eval.stats, paper appendix "Uncertainty estimates"): the paired prompt bootstrap
-(percentile 95% interval; the same resampled prompt indices for every N and every comparison, fixed
-by the seed) and prompt-level win/tie/loss with ties at |difference| <= 1e-9, over the prompts common
-to all runs.
+Statistics (teacli.eval.stats, paper appendix "Uncertainty estimates"): percentile 95% intervals with
+the same resampled prompt indices for every N and every comparison, fixed by the seed, and
+prompt-level win/tie/loss with ties at |difference| <= 1e-9, over the prompts common to all runs.
+The intervals' levels (`levels`, `tea report --bootstrap-levels`): "prompts", the paired prompt
+bootstrap of the (seed-averaged) per-prompt values; "seeds-prompts", the two-level bootstrap
+(`stats.seed_prompt_bootstrap`: seeds, then prompts; seeds paired across two methods with the same
+seed set, drawn apart otherwise; a method of one run adds no seed level); "auto" (the default),
+seeds-prompts when some method has two or more seeds, else prompts. The per-seed rows are single
+runs: their intervals are prompt-only.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from teacli.report.read import ReportError, RunEval
 TTA_RULES = ("bon_max_mean", "bon_max_second", "bon_mean", "chow", "cat_bon")
 OURS_RULES = ("tea", "prefix_tea")
 GRPO_Z_RULE = "grpo_z"
+
+LEVELS = ("auto", "prompts", "seeds-prompts")  # what the intervals resample (module docstring)
 
 Interval = tuple[float, float, float]  # (value, lo, hi)
 Counts = tuple[int, int, int]  # (win, tie, loss)
@@ -113,6 +121,8 @@ class Report:
     vs_base: dict[str, list[Interval]] | None = None  # run → per N (delta, lo, hi) against the base arm
     wtl_base: dict[str, list[Counts]] | None = None  # run → per N, against the base arm
     seed_rows: list[SeedRow] | None = None  # every seed of every pooled method
+    levels: str = "prompts"  # what the intervals resample: "prompts" or "seeds-prompts" ("auto" resolved)
+    levels_requested: str = "auto"  # as asked (--bootstrap-levels)
 
     def compared(self) -> list[RunEval]:
         return [r for r in self.runs if self.base_of[r.name] is not None]
@@ -151,10 +161,30 @@ def _best_per_n(candidates: Sequence[RunEval], values: Mapping[str, np.ndarray],
     return out
 
 
+def check_levels(levels: str) -> None:
+    if levels not in LEVELS:
+        raise ReportError(f"--bootstrap-levels {levels!r}: expected one of {', '.join(LEVELS)}")
+
+
+def resolve_levels(levels: str, runs: Sequence[RunEval]) -> str:
+    """"auto" → "seeds-prompts" when some method has two or more seeds, else "prompts"; others as given."""
+    check_levels(levels)
+    if levels == "auto":
+        return "seeds-prompts" if any(len(r.seeds) >= 2 for r in runs) else "prompts"
+    return levels
+
+
+def _seed_of(r: RunEval) -> int:
+    if r.recipe is None or r.recipe.seed is None:
+        raise ReportError(f"{r.path}: a pooled seed run without a recipe seed")
+    return r.recipe.seed
+
+
 def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpoints: Sequence[int] | None,
-            pairs: Mapping[str, str] | None = None, base_arm: RunEval | None = None) -> Report:
+            pairs: Mapping[str, str] | None = None, base_arm: RunEval | None = None, levels: str = "auto") -> Report:
     """Frontier of every run, each compared run against its baseline, Best TTA and the extra W/T/L rows;
-    with `base_arm` (listed last), every run against it too; per-seed rows of pooled methods."""
+    with `base_arm` (listed last), every run against it too; per-seed rows of pooled methods. `levels`:
+    what the intervals resample (module docstring)."""
     methods = list(runs)
     runs = methods + ([base_arm] if base_arm is not None else [])
     by_name = {r.name: r for r in runs}
@@ -181,16 +211,31 @@ def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpo
     else:
         ends = Ns[-3:]
     J = range(len(Ns))
+    chosen = resolve_levels(levels, runs)
+    # run → ([S, P, len(N)] per-seed per-prompt values, seed labels); a run of one seed is [1, P, len(N)], None
+    by_seed: dict[str, tuple[np.ndarray, list[int] | None]] = {r.name: (values[r.name][None], None) for r in runs}
+    for r in runs:
+        if r.seeds:
+            per_seed = np.array([[s.per_prompt[pid] for pid in prompts] for s in r.seeds], dtype=np.float64)
+            by_seed[r.name] = (per_seed, [_seed_of(s) for s in r.seeds])
+
+    def interval(a: str, b: str | None, j: int) -> Interval:
+        """a − b (b None: a's mean) at N index j, resampling what `chosen` says."""
+        if chosen == "prompts":
+            return (stats.paired_bootstrap(values[a][:, j], values[b][:, j], resamples, seed) if b is not None
+                    else stats.bootstrap_mean(values[a][:, j], resamples, seed))
+        (va, sa), (vb, sb) = by_seed[a], (by_seed[b] if b is not None else (None, None))
+        return stats.seed_prompt_bootstrap(va[:, :, j], None if vb is None else vb[:, :, j], sa, sb, resamples, seed)
 
     def delta(a: str, b: str) -> list[Interval]:
-        return [stats.paired_bootstrap(values[a][:, j], values[b][:, j], resamples, seed) for j in J]
+        return [interval(a, b, j) for j in J]
 
     def wtl(a: str, b: str, j: int) -> Counts:
         return stats.win_tie_loss(values[a][:, j], values[b][:, j])
 
     frontier, deltas, counts, lengths, length_delta = {}, {}, {}, {}, {}
     for r in runs:
-        frontier[r.name] = [stats.bootstrap_mean(values[r.name][:, j], resamples, seed) for j in J]
+        frontier[r.name] = [interval(r.name, None, j) for j in J]
         lengths[r.name] = _mean_tokens(r, prompts)
     for r in runs:
         b = base_of[r.name]
@@ -216,7 +261,7 @@ def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpo
     candidates = tta_at(base.group_size)
     if candidates:
         for j, name in enumerate(_best_per_n(candidates, values, len(Ns))):
-            ci = stats.paired_bootstrap(values[name][:, j], values[baseline][:, j], resamples, seed)
+            ci = interval(name, baseline, j)
             best_tta.append(Pick(Ns[j], name, float(values[name][:, j].mean()), ci, wtl(name, baseline, j)))
 
     extra: list[ExtraRow] = []
@@ -233,7 +278,7 @@ def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpo
 
     return Report(runs, baseline, base_of, first.split, first.M, Ns, prompts, dropped, resamples, seed, ends, values,
                   frontier, deltas, counts, lengths, length_delta, base.group_size if candidates else None, best_tta, extra,
-                  base_arm.name if base_arm is not None else None, vs_base, wtl_base, seed_rows)
+                  base_arm.name if base_arm is not None else None, vs_base, wtl_base, seed_rows, chosen, levels)
 
 
 def _seed_rows(methods: Sequence[RunEval], base_of: Mapping[str, str | None], prompts: Sequence[str],

@@ -1,5 +1,5 @@
 """Report plots (matplotlib, Agg backend, PNG): the best-of-N frontier and the delta to each run's baseline
-(both on a log2 N axis with the 95% prompt-bootstrap band), and the pooled reward distribution per method.
+(both on a log2 N axis with the report's 95% bootstrap band), and the pooled reward distribution per method.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from teacli.cli import app
 from teacli.config import Recipe, to_yaml
+from teacli.eval.stats import seed_prompt_bootstrap
 
 SPLIT, M = "heldout", 4
 NS = [1, 2, 4]
@@ -70,6 +71,12 @@ def by_method(path: Path, key: str = "Method") -> dict[str, dict[str, str]]:
     return {row[key]: row for row in csv.DictReader(open(path))}
 
 
+def at(values: dict[int, list[list[float]]] | list[list[float]], j: int) -> np.ndarray:
+    """[S, P] per-seed per-prompt values at N index j (a list of prompts: one run, [1, P])."""
+    runs = [values[s] for s in sorted(values)] if isinstance(values, dict) else [values]
+    return np.array([[p[j] for p in run] for run in runs])
+
+
 def bootstrap(d: np.ndarray) -> tuple[float, float, float]:
     idx = np.random.default_rng(SEED).integers(0, len(d), size=(RESAMPLES, len(d)))
     means = d[idx].mean(axis=1)
@@ -89,12 +96,20 @@ def test_seeds_pool_into_one_method_with_seed_averaged_values(study, tmp_path):
     assert float(frontier["t"]["bo4"]) == pytest.approx(0.5)
     assert frontier["g"]["Step"] == "s0:40 s1:20" and frontier["g-base"]["Step"] == "base" and frontier["g-base"]["Budget"] == "untrained"
 
-    # t − g at bo4 per prompt: 0.8−0.4, 0.5−0.5, 0.2−0.2, 0.5−0.3 = 0.4, 0, 0, 0.2 → delta 0.15; the bootstrap
-    # resamples these four seed-averaged differences (not the 8 per-seed ones).
+    # t − g at bo4 per prompt: 0.8−0.4, 0.5−0.5, 0.2−0.2, 0.5−0.3 = 0.4, 0, 0, 0.2 → delta 0.15. Both seeds'
+    # own differences average 0.15 too (seed 0: 0.4, 0, −0.1, 0.3; seed 1: 0.4, 0, 0.1, 0.1), so the seed
+    # level (auto → seeds then prompts: both methods have two seeds) has no spread to add: the interval is the
+    # prompt bootstrap of these four seed-averaged differences (not of the 8 per-seed ones).
     d4 = np.array([0.4, 0.0, 0.0, 0.2])
     endpoints = by_method(out / "endpoints.csv")
     got = [float(endpoints["t"][k]) for k in ("Δbo4", "Δbo4 lo", "Δbo4 hi")]
     assert got == pytest.approx(bootstrap(d4)) and got[0] == pytest.approx(0.15)
+    # bo2: seed 0's difference averages 0.1, seed 1's 0: the seeds disagree, and the paired two-level interval
+    # (seed s of t with seed s of g) is wider than the prompt bootstrap of the seed-averaged differences.
+    got2 = [float(endpoints["t"][k]) for k in ("Δbo2", "Δbo2 lo", "Δbo2 hi")]
+    assert got2 == pytest.approx(seed_prompt_bootstrap(at(TEA, 1), at(GRPO, 1), [0, 1], [0, 1], RESAMPLES, SEED))
+    prompt_only = bootstrap(np.array([0.1, 0.0, 0.0, 0.1]))  # the seed-averaged differences (below)
+    assert got2[2] - got2[1] > prompt_only[2] - prompt_only[1]
     # W/T/L on the seed-averaged values: bo4 → 2 wins, 2 ties (p1, p2), 0 losses. p2 is a loss for seed 0
     # (0.1 vs 0.2) and a win for seed 1 (0.3 vs 0.2): only its seed averages tie.
     wtl = by_method(out / "win_tie_loss.csv", "Comparison")
@@ -104,14 +119,21 @@ def test_seeds_pool_into_one_method_with_seed_averaged_values(study, tmp_path):
     assert float(endpoints["t"]["Δbo2"]) == pytest.approx(0.05)
 
     # Against the base arm, at every N: t − base at bo1 per prompt: 0.4−0, 0.3−0.1, 0.2−0, 0.1−0.1 = 0.4, 0.2, 0.2, 0.
+    # t's two seeds count (seed means 0.175, 0.325); the base arm is one run and adds no seed level.
     vs_base = {row["N"]: row for row in csv.DictReader(open(out / "vs_base.csv"))}
     assert list(vs_base) == ["1", "2", "4"]
-    assert [float(vs_base["1"][f"t − base{k}"]) for k in ("", " lo", " hi")] == pytest.approx(bootstrap(np.array([0.4, 0.2, 0.2, 0.0])))
+    got = [float(vs_base["1"][f"t − base{k}"]) for k in ("", " lo", " hi")]
+    assert got == pytest.approx(seed_prompt_bootstrap(at(TEA, 0), at(BASE, 0), [0, 1], None, RESAMPLES, SEED))
+    prompt_only = bootstrap(np.array([0.4, 0.2, 0.2, 0.0]))
+    assert got[0] == pytest.approx(0.2) and got[1] < prompt_only[1] and got[2] > prompt_only[2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runs"]["t"]["mean_ci"][0] == pytest.approx(list(seed_prompt_bootstrap(at(TEA, 0), None, [0, 1], None, RESAMPLES, SEED)[1:]))
     assert float(vs_base["4"]["g − base"]) == pytest.approx(np.mean([0.4 - 0.2, 0.5 - 0.3, 0.2 - 0.1, 0.3 - 0.1]))
     assert [int(wtl["g vs g-base"][f"bo4 {k}"]) for k in "WTL"] == [4, 0, 0]
 
     # Per-seed rows, paired seed by seed: t seed 1 vs g seed 1 at bo4: 0.9−0.5, 0.4−0.4, 0.3−0.2, 0.5−0.4.
     seeds = list(csv.DictReader(open(out / "seeds.csv")))
+    # Each seed row is one run: its interval resamples prompts only.
     assert [(r["Method"], r["Seed"], r["Run"], r["Baseline run"]) for r in seeds] == [
         ("g", "0", "g-s0", ""), ("g", "1", "g-s1", ""), ("t", "0", "t-s0", "g-s0"), ("t", "1", "t-s1", "g-s1")]
     t1 = seeds[3]
@@ -121,11 +143,65 @@ def test_seeds_pool_into_one_method_with_seed_averaged_values(study, tmp_path):
     # Mean length pools every completion of both seeds: g has 10 tokens (seed 0) and 20 (seed 1) → 15.0.
     length = by_method(out / "length.csv")
     assert length["g"]["Mean length"] == "15.0" and int(length["g"]["Source samples"]) == 2 * 4 * M
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["base_arm"] == "g-base" and summary["runs"]["t"]["baseline"] == "g"
     assert [s["seed"] for s in summary["runs"]["t"]["seeds"]] == [0, 1]
+    assert summary["bootstrap"]["levels"] == "seeds-prompts" and summary["bootstrap"]["levels_requested"] == "auto"
+    assert summary["bootstrap"]["seed_sets"] == {"g": [0, 1], "t": [0, 1]}
     notes = (out / "report.md").read_text()
     assert "t: 2 seeds pooled (t-s0, t-s1" in notes and "Base arm: g-base" in notes
+    assert "Intervals: two-level paired bootstrap (seeds, then prompts), 1000 resamples" in notes
+    assert "(--bootstrap-levels auto → seeds-prompts)" in notes
+    assert "two-level paired bootstrap (seeds, then prompts) 95% CI" in (out / "endpoints.md").read_text()
+    assert "one run each: paired prompt bootstrap 95% CI" in (out / "seeds.md").read_text()
+
+
+def test_prompts_level_keeps_the_seed_averaged_prompt_bootstrap(study, tmp_path):
+    runs, base = study
+    res = report(*runs, "--baseline", "g", "--base-arm", base, "--out", tmp_path / "r", "--bootstrap-levels", "prompts")
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "r"
+    vs_base = {row["N"]: row for row in csv.DictReader(open(out / "vs_base.csv"))}
+    assert [float(vs_base["1"][f"t − base{k}"]) for k in ("", " lo", " hi")] == pytest.approx(bootstrap(np.array([0.4, 0.2, 0.2, 0.0])))
+    endpoints = by_method(out / "endpoints.csv")
+    assert [float(endpoints["t"][k]) for k in ("Δbo2", "Δbo2 lo", "Δbo2 hi")] == pytest.approx(bootstrap(np.array([0.1, 0.0, 0.0, 0.1])))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["bootstrap"]["levels"] == "prompts" and summary["bootstrap"]["levels_requested"] == "prompts"
+    notes = (out / "report.md").read_text()
+    assert "Intervals: paired prompt bootstrap" in notes and "leave out run-to-run (seed) variance" in notes
+    assert "paired prompt bootstrap 95% CI" in (out / "endpoints.md").read_text()
+
+
+def test_auto_levels_without_seeds_and_a_bad_level(study, tmp_path):
+    runs, base = study
+    res = report(runs[0], runs[2], "--out", tmp_path / "r")  # one seed per method: auto → prompts
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["bootstrap"]["levels"] == "prompts" and summary["bootstrap"]["seed_sets"] is None
+    # Asked for explicitly, seeds-prompts over one-run methods gives the prompt bootstrap's numbers.
+    res = report(runs[0], runs[2], "--out", tmp_path / "r2", "--bootstrap-levels", "seeds-prompts")
+    assert res.exit_code == 0, res.output
+    two = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    assert two["bootstrap"]["levels"] == "seeds-prompts" and two["runs"]["t-s0"]["delta"] == summary["runs"]["t-s0"]["delta"]
+    res = report(*runs, "--out", tmp_path / "r3", "--bootstrap-levels", "runs")
+    assert res.exit_code == 2 and res.stderr.strip() == ("error: --bootstrap-levels 'runs': expected one of auto, prompts, "
+                                                         "seeds-prompts")
+    assert not (tmp_path / "r3").exists()
+
+
+def test_unequal_seed_sets_are_resampled_apart(study, tmp_path):
+    runs, base = study
+    extra = {2: [[0.2, 0.3, 0.4], [0.3, 0.4, 0.5], [0.1, 0.2, 0.3], [0.1, 0.2, 0.3]]}
+    g2 = write_run(tmp_path / "runs", "g-s2", "g", 2, extra[2], rule="grpo", tokens=10)
+    res = report(*runs, g2, "--baseline", "g", "--out", tmp_path / "r", "--endpoints", "4")
+    assert res.exit_code == 0, res.output
+    grpo3 = {**GRPO, **extra}
+    endpoints = by_method(tmp_path / "r" / "endpoints.csv")
+    got = [float(endpoints["t"][k]) for k in ("Δbo4", "Δbo4 lo", "Δbo4 hi")]
+    # t has seeds 0, 1 and g 0, 1, 2: no pairing of seeds; each method's own seeds are drawn apart.
+    assert got == pytest.approx(seed_prompt_bootstrap(at(TEA, 2), at(grpo3, 2), [0, 1], [0, 1, 2], RESAMPLES, SEED))
+    assert got != pytest.approx(seed_prompt_bootstrap(at(TEA, 2), at(grpo3, 2)[:2], [0, 1], [0, 1], RESAMPLES, SEED))
+    notes = (tmp_path / "r" / "report.md").read_text()
+    assert "Seed sets: g [0, 1, 2]; t [0, 1]." in notes
 
 
 def test_baseline_and_pairs_name_methods_or_their_runs(study, tmp_path):
