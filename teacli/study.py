@@ -467,6 +467,7 @@ class _Running:
     gpu: str | None
     log: Path | None
     log_file: IO[bytes] | None
+    signalled: bool = False
 
 
 def execute(
@@ -508,6 +509,7 @@ def execute(
         caught.append(signum)
         for r in running.values():  # the first signal as it came; a second one ends them at once
             _signal_group(r.proc, signum if len(caught) == 1 else signal.SIGKILL)
+            r.signalled = True
 
     def start(slot: int, stage: Stage) -> None:
         gpu = slots[slot]
@@ -522,7 +524,8 @@ def execute(
             log_file.write(f"=== {datetime.now().isoformat(timespec='seconds')} {stage.label}"
                            f"{'' if gpu is None else f' on gpu {gpu}'}\n$ {shlex.join(stage.cmd)}\n".encode())
             log_file.flush()
-        proc = subprocess.Popen(stage.cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file and subprocess.STDOUT,
+        out, err = (log_file, subprocess.STDOUT) if log_file is not None else (None, None)
+        proc = subprocess.Popen(stage.cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 start_new_session=True, preexec_fn=preexec)
         running[slot] = _Running(stage, proc, time.monotonic(), gpu, log, log_file)
         note(f"{clock()} start {stage.label}{'' if gpu is None else f' on gpu {gpu}'}{'' if log is None else f' (log: {log})'}")
@@ -585,9 +588,9 @@ def execute(
                 note(summary())
     finally:
         if running:  # a signal, or an error in the study itself: stop every stage before leaving
-            if not caught:
-                for r in running.values():
-                    _signal_group(r.proc, signal.SIGTERM)
+            for r in running.values():
+                if not r.signalled:  # (a stage started as the signal came in has not had it yet)
+                    _signal_group(r.proc, caught[0] if caught else signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while running and time.monotonic() < deadline:
                 for slot, r in list(running.items()):

@@ -152,29 +152,10 @@ def test_fixed_checkpoint_study_evaluates_and_reports_that_checkpoint(tmp_path):
 
 def test_tiny_study_end_to_end_and_skip(tmp_path):
     sys.path.insert(0, str(TESTS))
-    from tiny_lm import make_causal_lm, make_tokenizer, save
+    from tiny_lm import make_assets, tea_env, tiny_study
 
-    from teacli.data.prepare import prepare
-
-    tok = make_tokenizer()
-    save(make_causal_lm(tok), tok, tmp_path / "policy")
-    prepare("builtin", tmp_path / "data")
-    from tiny_lm import tea_env, tiny_recipe, write_recipe
-
-    for rule in ("grpo", "tea"):
-        recipe = tiny_recipe(
-            tmp_path / "policy", tmp_path / "data", name=f"tiny_{rule}", advantage={"name": rule, "params": {}},
-            rollout__max_new_tokens=6, rollout__batch_size=32, optim__steps=1, optim__lr=1.0e-3, optim__micro_batch_size=16,
-            kl={"beta": 0.1}, backend__zero_stage=0, checkpoint__save_every=1,
-            validation={"prompts": 2, "samples": 2, "top": 1, "at_start": False}, eval={"split": "core250", "M": 4},
-        )
-        write_recipe(tmp_path / f"tiny_{rule}.yaml", recipe)
-    study = {
-        "name": "tiny", "recipes": ["tiny_grpo.yaml", "tiny_tea.yaml"], "baseline": "tiny_grpo",
-        "eval": {"split": "core250", "n": 4}, "report": {"out": str(tmp_path / "report"), "bootstrap": 50},
-        "runs_dir": str(tmp_path / "runs"),
-    }
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    make_assets(tmp_path)
+    study = tiny_study(tmp_path)
     env = tea_env(tmp_path)
     cmd = [sys.executable, "-m", "teacli.cli", "study", str(tmp_path / "study.yaml")]
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from teacli.cli import app
@@ -120,23 +119,10 @@ def test_bad_gpu_options_are_one_line(args, message):
 
 def _tiny_study(tmp_path: Path, steps: int = 1) -> Path:
     sys.path.insert(0, str(TESTS))
-    from tiny_lm import make_assets, tiny_recipe, write_recipe
+    from tiny_lm import make_assets, tiny_study
 
     make_assets(tmp_path)
-    for rule in ("grpo", "tea"):
-        recipe = tiny_recipe(
-            tmp_path / "policy", tmp_path / "data", name=f"tiny_{rule}", advantage={"name": rule, "params": {}},
-            rollout__max_new_tokens=6, rollout__batch_size=32, optim__steps=steps, optim__micro_batch_size=16,
-            backend__zero_stage=0, checkpoint__save_every=1,
-            validation={"prompts": 2, "samples": 2, "top": 1, "at_start": False}, eval={"split": "core250", "M": 4},
-        )
-        write_recipe(tmp_path / f"tiny_{rule}.yaml", recipe)
-    study = {
-        "name": "tiny", "recipes": ["tiny_grpo.yaml", "tiny_tea.yaml"], "baseline": "tiny_grpo",
-        "eval": {"split": "core250", "n": 4}, "report": {"out": str(tmp_path / "report"), "bootstrap": 50},
-        "runs_dir": str(tmp_path / "runs"),
-    }
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    tiny_study(tmp_path, steps)
     return tmp_path / "study.yaml"
 
 
