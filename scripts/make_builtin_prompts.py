@@ -1,12 +1,14 @@
 """Generate teacli/data/builtin/prompts.jsonl: 240 short writing/explaining prompts, each with
-verifiable constraints that the rule reward (teacli/rewards/rule.py) grades.
+verifiable constraints that the rule reward (teacli/rewards/rule.py) grades, and
+teacli/data/builtin/heldout_ext.jsonl: 96 more of the same kinds, for evaluation only.
 
-Twelve task kinds × twenty hand-written subjects; the numbers in each constraint (word ranges,
-bullet counts, ...) are drawn from a fixed-seed RNG, and the instruction text states every
-constraint in plain words. Rerunning gives the same file byte for byte.
+Twelve task kinds × twenty hand-written subjects (prompts.jsonl), and × eight further subjects
+(heldout_ext.jsonl, added later with its own RNG so prompts.jsonl did not change); the numbers in
+each constraint (word ranges, bullet counts, ...) are drawn from a fixed-seed RNG, and the
+instruction text states every constraint in plain words. Rerunning gives the same files byte for byte.
 
-    python scripts/make_builtin_prompts.py          # rewrite the file
-    python scripts/make_builtin_prompts.py --check  # exit 1 if the file is stale
+    python scripts/make_builtin_prompts.py          # rewrite the files
+    python scripts/make_builtin_prompts.py --check  # exit 1 if a file is stale
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from teacli.data.normalize import normalize_messages, prompt_id
 from teacli.rewards.rule import validate_constraints
 
 OUT = Path(__file__).resolve().parents[1] / "teacli" / "data" / "builtin" / "prompts.jsonl"
+OUT_EXT = OUT.with_name("heldout_ext.jsonl")
 
 
 def q(words: list[str]) -> str:
@@ -59,8 +62,8 @@ AUDIENCES = ["a ten-year-old", "a curious grandparent", "a busy coworker", "a hi
              "someone who has never studied science"]
 
 
-def explain(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    what, kws = EXPLAIN[i]
+def explain(i: int, rng: random.Random, table: list = EXPLAIN) -> tuple[str, list[dict]]:
+    what, kws = table[i]
     audience = AUDIENCES[i % len(AUDIENCES)]
     wc_text, wc = word_range(rng, [(40, 80), (60, 100), (80, 120), (50, 90)])
     text = f"Explain {what} to {audience}. {wc_text} Mention the words {q(kws)}."
@@ -96,8 +99,8 @@ TIPS = [
 ]
 
 
-def tips(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    activity, kw = TIPS[i]
+def tips(i: int, rng: random.Random, table: list = TIPS) -> tuple[str, list[dict]]:
+    activity, kw = table[i]
     n = rng.choice([3, 4, 5])
     hi = rng.choice([80, 100, 120])
     text = (f"Give exactly {n} practical tips for {activity}, as a bullet list with one tip per line "
@@ -136,8 +139,8 @@ EMAILS = [
 SIGN_OFFS = ["Best regards, Jordan", "Warm wishes, Jordan", "Thanks again, Jordan", "See you soon, Jordan"]
 
 
-def email(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    who, name, purpose, kws = EMAILS[i]
+def email(i: int, rng: random.Random, table: list = EMAILS) -> tuple[str, list[dict]]:
+    who, name, purpose, kws = table[i]
     greeting = f"Hi {name}," if i % 2 else f"Dear {name},"
     sign = SIGN_OFFS[i % len(SIGN_OFFS)]
     wc_text, wc = word_range(rng, [(50, 90), (60, 110), (40, 80)])
@@ -172,8 +175,8 @@ PRODUCTS = [
 ]
 
 
-def product(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    item, kws = PRODUCTS[i]
+def product(i: int, rng: random.Random, table: list = PRODUCTS) -> tuple[str, list[dict]]:
+    item, kws = table[i]
     wc_text, wc = word_range(rng, [(40, 70), (50, 80), (60, 100)])
     text = f"Write an online-shop product description for {item}. {wc_text} Mention {q(kws)}."
     constraints = [wc, {"type": "include_keywords", "keywords": kws}]
@@ -199,8 +202,8 @@ POEMS = [
 ]
 
 
-def poem(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    subject, kw = POEMS[i]
+def poem(i: int, rng: random.Random, table: list = POEMS) -> tuple[str, list[dict]]:
+    subject, kw = table[i]
     n = rng.choice([2, 3, 4])
     hi = rng.choice([60, 80, 100])
     text = (f"Write a short poem about {subject} in all lowercase letters, with {n} stanzas separated by "
@@ -224,8 +227,8 @@ BENEFITS = [
 ]
 
 
-def sentences(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    thing, kw = BENEFITS[i]
+def sentences(i: int, rng: random.Random, table: list = BENEFITS) -> tuple[str, list[dict]]:
+    thing, kw = table[i]
     n = rng.choice([3, 4, 5])
     text = f"In exactly {n} sentences, describe the main benefits of {thing}. Mention the word \"{kw}\"."
     constraints = [{"type": "num_sentences", "min": n, "max": n}, {"type": "include_keywords", "keywords": [kw]}]
@@ -253,8 +256,8 @@ SCENES = [
 ]
 
 
-def describe(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    scene, banned = SCENES[i]
+def describe(i: int, rng: random.Random, table: list = SCENES) -> tuple[str, list[dict]]:
+    scene, banned = table[i]
     wc_text, wc = word_range(rng, [(50, 90), (60, 100), (70, 120)])
     text = f"Describe {scene} without using the words {q(banned).replace(' and ', ' or ')}. {wc_text}"
     constraints = [{"type": "forbidden_words", "words": banned}, wc]
@@ -279,8 +282,8 @@ PEP_TALKS = [
 ]
 
 
-def pep_talk(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    who, kw = PEP_TALKS[i]
+def pep_talk(i: int, rng: random.Random, table: list = PEP_TALKS) -> tuple[str, list[dict]]:
+    who, kw = table[i]
     k = rng.choice([3, 4])
     wc_text, wc = word_range(rng, [(40, 70), (50, 90)])
     text = f"Write a short encouraging message for {who}. Use the word \"{kw}\" at least {k} times. {wc_text}"
@@ -305,8 +308,8 @@ ENDINGS = ["That is the short version.", "Thanks for asking!", "Curiosity is alw
            "Nature is full of clever tricks."]
 
 
-def answer(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    question = QUESTIONS[i]
+def answer(i: int, rng: random.Random, table: list = QUESTIONS) -> tuple[str, list[dict]]:
+    question = table[i]
     end = ENDINGS[i % len(ENDINGS)]
     wc_text, wc = word_range(rng, [(60, 110), (80, 130), (70, 120)])
     text = (f"Answer the question \"{question}\" in two short paragraphs separated by a blank line. "
@@ -329,8 +332,8 @@ STORIES = [
 ]
 
 
-def story(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    start, kw = STORIES[i]
+def story(i: int, rng: random.Random, table: list = STORIES) -> tuple[str, list[dict]]:
+    start, kw = table[i]
     wc_text, wc = word_range(rng, [(60, 100), (80, 120), (50, 90)])
     text = f"Write the opening paragraph of a story that begins with the words \"{start}\". {wc_text} Include the word \"{kw}\"."
     constraints = [{"type": "start_with", "text": start}, wc, {"type": "include_keywords", "keywords": [kw]}]
@@ -352,8 +355,8 @@ HOWTOS = [
 ]
 
 
-def howto(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    task = HOWTOS[i]
+def howto(i: int, rng: random.Random, table: list = HOWTOS) -> tuple[str, list[dict]]:
+    task = table[i]
     n = rng.choice([4, 5, 6])
     hi = rng.choice([90, 120, 150])
     text = (f"Write step-by-step instructions for {task} as a numbered list of exactly {n} steps "
@@ -393,8 +396,8 @@ PERSUADE = [
 ]
 
 
-def persuade(i: int, rng: random.Random) -> tuple[str, list[dict]]:
-    audience, action, kw = PERSUADE[i]
+def persuade(i: int, rng: random.Random, table: list = PERSUADE) -> tuple[str, list[dict]]:
+    audience, action, kw = table[i]
     wc_text, wc = word_range(rng, [(60, 100), (70, 120)])
     text = (f"Write a two-paragraph note persuading {audience} to {action}. Separate the paragraphs "
             f"with a blank line, mention the word \"{kw}\" and do not use any commas. {wc_text}")
@@ -405,31 +408,150 @@ def persuade(i: int, rng: random.Random) -> tuple[str, list[dict]]:
 KINDS = [explain, tips, email, product, poem, sentences, describe, pep_talk, answer, story, howto, persuade]
 
 
-def build() -> bytes:
+# --------------------------------------------------------------------------- the held-out extension
+# New subjects for the same twelve kinds, written after prompts.jsonl was fixed; they are in no
+# train/val/held-out split. `tea prepare-data builtin` appends them to the held-out prompts as the
+# heldout_ext split (docs/data.md), so a study can evaluate on more than 48 prompts while the
+# quickstart's splits stay byte for byte as they were.
+EXTENSION = {
+    explain: [
+        ("how a microwave oven heats food", ["water", "waves"]),
+        ("why the moon has phases", ["sunlight", "orbit"]),
+        ("how paper is recycled", ["pulp", "fiber"]),
+        ("what causes wind", ["pressure", "air"]),
+        ("how a battery stores energy", ["chemical", "charge"]),
+        ("why volcanoes erupt", ["magma", "pressure"]),
+        ("how the internet delivers a message", ["packet", "router"]),
+        ("why we need sleep", ["brain", "rest"]),
+    ],
+    tips: [
+        ("keeping a bicycle in good shape", "chain"),
+        ("organizing a cluttered closet", "hangers"),
+        ("making friends after moving to a new city", "club"),
+        ("drinking more water during the day", "bottle"),
+        ("writing a thank-you note", "specific"),
+        ("preparing a garden for winter", "mulch"),
+        ("staying calm in heavy traffic", "music"),
+        ("keeping track of personal expenses", "receipts"),
+    ],
+    email: [
+        ("your neighbor Omar", "Omar", "asking him to water your plants while you travel", ["plants", "travel"]),
+        ("your team lead Sofia", "Sofia", "requesting a day off next Monday", ["Monday", "coverage"]),
+        ("your friend Chen", "Chen", "returning the camera you borrowed", ["camera", "thanks"]),
+        ("a plumber named Luis", "Luis", "asking for a quote to fix a shower", ["shower", "quote"]),
+        ("your aunt Helen", "Helen", "thanking her for a birthday gift", ["gift", "scarf"]),
+        ("a gym manager named Dana", "Dana", "cancelling your membership", ["membership", "cancel"]),
+        ("your classmate Ben", "Ben", "sharing notes from a lecture he missed", ["notes", "lecture"]),
+        ("a museum guide named Iris", "Iris", "booking a tour for a group of ten", ["tour", "group"]),
+    ],
+    product: [
+        ("a rechargeable bike light", ["light", "battery"]),
+        ("a set of glass food containers", ["glass", "lid"]),
+        ("a hand-knitted wool hat", ["wool", "winter"]),
+        ("a stainless steel French press", ["coffee", "filter"]),
+        ("a yoga mat with extra grip", ["grip", "cushion"]),
+        ("a pack of beeswax food wraps", ["beeswax", "fresh"]),
+        ("a foldable laptop stand", ["laptop", "height"]),
+        ("a children's rain jacket", ["rain", "hood"]),
+    ],
+    poem: [
+        ("a candle in a dark room", "flame"), ("an orchard in autumn", "apples"), ("a harbor at dawn", "gulls"),
+        ("a quiet snowy road", "tracks"), ("a summer thunderstorm", "thunder"), ("an old clock", "ticking"),
+        ("a field of sunflowers", "gold"), ("a night bus ride", "lights"),
+    ],
+    sentences: [
+        ("learning to swim", "safety"), ("eating breakfast", "morning"), ("writing letters by hand", "personal"),
+        ("walking a dog every day", "exercise"), ("growing your own vegetables", "harvest"),
+        ("learning to touch type", "speed"), ("keeping a tidy workspace", "clutter"), ("talking with your neighbors", "trust"),
+    ],
+    describe: [
+        ("a busy airport terminal", ["plane", "luggage"]), ("a campfire in the woods", ["fire", "smoke"]),
+        ("a school science fair", ["project", "students"]), ("a fishing village at dawn", ["fish", "nets"]),
+        ("a public swimming pool in summer", ["water", "swim"]), ("a painter's studio", ["paint", "canvas"]),
+        ("a mountain lake at noon", ["lake", "mountain"]), ("a train crossing a bridge", ["train", "bridge"]),
+    ],
+    pep_talk: [
+        ("a friend learning to play the guitar", "chord"), ("a teammate before a penalty kick", "breathe"),
+        ("a student starting university", "curious"), ("a friend running a first bake sale", "proud"),
+        ("a colleague presenting to the board", "ready"), ("a neighbor training for a charity swim", "stroke"),
+        ("a sibling learning to drive", "steady"), ("a friend opening a small bookshop", "books"),
+    ],
+    answer: [
+        "Why do cats purr?", "How do submarines dive and surface?", "Why does popcorn pop?",
+        "How do spiders spin their webs?", "Why do our ears pop on airplanes?", "How does a thermometer work?",
+        "Why do trees lose their leaves in autumn?", "How do owls see at night?",
+    ],
+    story: [
+        ("The letter arrived forty years late", "stamp"), ("Nobody had opened the attic door", "dust"),
+        ("The bus driver took a wrong turn", "forest"), ("On the first day of spring", "kite"),
+        ("The old radio crackled", "voice"), ("My sister found a strange coin", "market"),
+        ("The elevator stopped between floors", "button"), ("The dog would not stop barking", "fence"),
+    ],
+    howto: [
+        "boiling an egg", "cleaning a pair of running shoes", "folding a paper crane", "planting herbs in pots",
+        "ironing a dress shirt", "pitching a tent", "making a simple fruit smoothie", "defrosting a freezer",
+    ],
+    persuade: [
+        ("your roommates", "keep a shared grocery list", "groceries"),
+        ("your manager", "allow standing desks in the office", "health"),
+        ("your family", "take a hiking trip instead of a beach holiday", "trail"),
+        ("your neighbors", "organize a street cleanup day", "street"),
+        ("your school", "add a cooking class", "cooking"),
+        ("your friend", "try a board game night", "games"),
+        ("your town", "install drinking fountains in its parks", "fountains"),
+        ("your club", "pair each new member with a mentor", "mentor"),
+    ],
+}
+
+
+def _record(kind, i: int, rng: random.Random, table: list, seen: set[str]) -> str:
+    text, constraints = kind(i, rng, table)
+    messages = normalize_messages([{"role": "user", "content": text}])
+    pid = prompt_id(messages)
+    assert pid not in seen, text
+    seen.add(pid)
+    validate_constraints(constraints, pid)
+    record = {"id": pid, "messages": messages, "source": "builtin", "constraints": constraints}
+    return json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _build(seen: set[str]) -> list[str]:
     rng = random.Random(20250101)
-    lines, seen = [], set()
-    for i in range(20):
-        for kind in KINDS:
-            text, constraints = kind(i, rng)
-            messages = normalize_messages([{"role": "user", "content": text}])
-            pid = prompt_id(messages)
-            assert pid not in seen, text
-            seen.add(pid)
-            validate_constraints(constraints, pid)
-            record = {"id": pid, "messages": messages, "source": "builtin", "constraints": constraints}
-            lines.append(json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+    return [_record(kind, i, rng, kind.__defaults__[0], seen) for i in range(20) for kind in KINDS]
+
+
+def _build_heldout_ext(seen: set[str]) -> list[str]:
+    rng = random.Random(20250102)  # its own stream: the numbers of prompts.jsonl are untouched
+    return [_record(kind, i, rng, EXTENSION[kind], seen) for i in range(8) for kind in KINDS]
+
+
+def _jsonl(lines: list[str]) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
+def build() -> bytes:
+    """prompts.jsonl: the 240 prompts that prepare-data splits into train / val / heldout."""
+    return _jsonl(_build(set()))
+
+
+def build_heldout_ext() -> bytes:
+    """heldout_ext.jsonl: 96 further prompts, none equal to a prompt of prompts.jsonl."""
+    seen: set[str] = set()
+    _build(seen)
+    return _jsonl(_build_heldout_ext(seen))
+
+
 def main() -> int:
-    data = build()
-    if "--check" in sys.argv:
-        stale = not OUT.is_file() or OUT.read_bytes() != data
-        print(f"{OUT.name}: {'stale' if stale else 'up to date'}")
-        return int(stale)
-    OUT.write_bytes(data)
-    print(f"wrote {len(data.splitlines())} prompts to {OUT}")
-    return 0
+    stale = False
+    for out, data in ((OUT, build()), (OUT_EXT, build_heldout_ext())):
+        if "--check" in sys.argv:
+            stale_here = not out.is_file() or out.read_bytes() != data
+            print(f"{out.name}: {'stale' if stale_here else 'up to date'}")
+            stale = stale or stale_here
+        else:
+            out.write_bytes(data)
+            print(f"wrote {len(data.splitlines())} prompts to {out}")
+    return int(stale)
 
 
 if __name__ == "__main__":

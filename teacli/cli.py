@@ -223,24 +223,39 @@ def train(
 @app.command()
 def study(
     study_file: str = typer.Argument(..., help="Study name (e.g. uf_core250, see recipes/studies/) or a study YAML file."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the stages and whether each is done; run nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the stages (and their GPU) and whether each is done; run nothing."),
     launcher: Optional[str] = typer.Option(
         None, "--launcher", help='Launch training through this command, e.g. "deepspeed --num_gpus 8 --module" or '
         '"torchrun --nproc_per_node 8 -m" (replaces the study\'s launcher:; default: one process).',
     ),
+    gpus: Optional[str] = typer.Option(
+        None, "--gpus", help="Run independent stages at the same time, one process per stage on one of these GPUs, "
+        "e.g. 0,1,2,3 (CUDA_VISIBLE_DEVICES and MASTER_PORT per stage; output in <runs_dir>/logs/<study>/).",
+    ),
+    per_gpu: int = typer.Option(1, "--per-gpu", help="With --gpus: stages run at once on each GPU (small models)."),
+    status_every: float = typer.Option(300.0, "--status-every", help="Seconds between progress summaries on stderr (0: none)."),
 ) -> None:
     """Train, evaluate and report a set of recipes as one comparison, skipping finished stages.
 
     Run it again after an interruption: finished stages are skipped, an unfinished training run
-    resumes from its last checkpoint and an unfinished evaluation from its records.
+    resumes from its last checkpoint and an unfinished evaluation from its records. Exit 1 when
+    stages failed (the others still ran), 128 + N when stopped by signal N.
     """
     from teacli.config import RecipeError, find_study
-    from teacli.study import StudyError, load_study, run_study
+    from teacli.study import StagesFailed, StudyError, StudyInterrupted, load_study, parse_gpus, run_study
 
     try:
-        ran = run_study(load_study(find_study(study_file), launcher=launcher), dry_run=dry_run, echo=typer.echo)
+        ran = run_study(
+            load_study(find_study(study_file), launcher=launcher), dry_run=dry_run, echo=typer.echo,
+            gpus=None if gpus is None else parse_gpus(gpus), per_gpu=per_gpu,
+            note=lambda line: typer.echo(line, err=True), status_every=status_every,
+        )
     except (StudyError, RecipeError) as exc:
         _fail(str(exc))
+    except StagesFailed as exc:
+        _fail(str(exc), code=1)
+    except StudyInterrupted as exc:
+        _fail(str(exc), code=128 + exc.signum)
     typer.echo(f"dry run: {ran} stage(s) would run; nothing was run" if dry_run else f"study done ({ran} stage(s) run)")
 
 

@@ -30,11 +30,11 @@ ALLOWED: dict[str, set[str]] = {
     "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir"},
     "report": {"eval", "rundir", "diagnostics"},
     "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval"},
-    "study": {"config", "rundir"},
+    "study": {"config", "rundir", "data"},  # data: the split names prepare-data writes (eval.split is checked on load)
 }
 # Modules of a unit that others may reach into although the unit as a whole sits higher.
 PURE = {
-    "teacli.eval.stats": {"report", "diagnostics"},
+    "teacli.eval.stats": {"report", "diagnostics", "study"},  # study: the N an evaluation reports (report.endpoints)
     "teacli.rewards.rule": {"config"},
     "teacli.report.tables": {"diagnostics"},  # the table writer (stdlib only): diagnostics writes md/tex/csv the same way
 }

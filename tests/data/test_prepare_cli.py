@@ -45,7 +45,7 @@ def test_cli_builtin_subprocess_and_offline_hub(tmp_path):
     done = subprocess.run([*tea, "prepare-data", "builtin", "--out", str(out)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     sizes = {k: v["size"] for k, v in json.loads((out / "manifest.json").read_text())["splits"].items()}
-    assert sizes == {"train": 160, "val": 32, "heldout": 48, "core250": 48, "core500": 48}
+    assert sizes == {"train": 160, "val": 32, "heldout": 48, "core250": 48, "core500": 48, "heldout_ext": 144}
     hub = subprocess.run([*tea, "prepare-data", "ultrafeedback", "--out", str(tmp_path / "uf")],
                          capture_output=True, text=True, env=env)
     assert hub.returncode == 2
