@@ -96,19 +96,20 @@ def test_a_second_train_on_a_running_directory_stops_and_the_first_is_untouched(
 def test_other_ranks_stop_with_rank_zero_when_the_directory_is_locked(assets, tmp_path):
     """Two ranks launched onto a run directory another writer holds: rank 0 finds the lock taken, and rank 1
     (which never takes it) stops with rank 0's answer instead of waiting for it."""
-    from teacli.rundir import exclusive
+    import fcntl
 
     run = tmp_path / "run"
     run.mkdir()
     rec = recipe(assets, tmp_path)
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29900 + os.getpid() % 90),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
-    with exclusive(run / ".train.lock", "held by the test"):
+    with open(run / ".train.lock", "a") as held:  # another writer holds the run directory
+        fcntl.flock(held, fcntl.LOCK_EX)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=tea_env(tmp_path), timeout=300)
-    assert proc.returncode != 0
+    assert proc.returncode != 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).count("error: another `tea train` is writing") == 1  # rank 0 says it; rank 1 stops too
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert sorted(p.name for p in run.iterdir()) == []
+    assert sorted(p.name for p in run.iterdir()) == [".train.lock"]  # the test's own: nothing written
 
 
 def test_resume_refuses_data_prepared_again(assets, tmp_path):
@@ -122,14 +123,15 @@ def test_resume_refuses_data_prepared_again(assets, tmp_path):
     wait_for_rows(run, 3, proc)  # mid-step 4: after checkpoint 2
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    kept = (run / "metrics.jsonl").read_text()
-    recorded = json.loads((run / "data.json").read_text())
-    assert recorded["train"]["sha256"] == json.loads((data / "manifest.json").read_text())["splits"]["train"]["sha256"]
+    kept, recorded = (run / "metrics.jsonl").read_text(), json.loads((run / "data.json").read_text())
+    manifest = json.loads((data / "manifest.json").read_text())
 
     prepare("builtin", data, seed=5, force=True)  # other prompts in every split
     line = error_line(tea_train(rec, run, tmp_path))
     assert f"data.dir {data}" in line and "'train' changed" in line
     assert (run / "metrics.jsonl").read_text() == kept and not (run / "checkpoints" / "step_000004").exists()
+    # what it compared: the split files' sha256 recorded at the start, as prepare-data's manifest has them
+    assert [recorded[k]["sha256"] for k in ("train", "validation")] == [manifest["splits"][k]["sha256"] for k in ("train", "val")]
 
     prepare("builtin", data, force=True)  # the data the run started with: it resumes
     resumed = tea_train(rec, run, tmp_path)
@@ -167,10 +169,6 @@ def test_execution_keys_may_change_on_resume_and_are_recorded(assets, tmp_path):
     run = tmp_path / "run"
     assert tea_train(rec, run, tmp_path).returncode == 0
 
-    again = tea_train(rec, run, tmp_path)
-    assert again.returncode == 0 and f"{run} is already complete at step 2 (optim.steps=2)" in again.stderr
-    assert steps(run) == [1, 2]
-
     # what the out-of-memory message says to lower, and more steps to extend the finished run
     changes = ["optim.steps=4", "rollout.batch_size=8", "optim.micro_batch_size=4", "logging.log_every=2"]
     proc = tea_train(rec, run, tmp_path, *(a for c in changes for a in ("--set", c)))
@@ -184,6 +182,10 @@ def test_execution_keys_may_change_on_resume_and_are_recorded(assets, tmp_path):
     }
     resolved = yaml.safe_load((run / "recipe.yaml").read_text())  # what runs now
     assert resolved["optim"]["steps"] == 4 and resolved["rollout"]["batch_size"] == 8
+
+    again = tea_train(rec, run, tmp_path, *(a for c in changes for a in ("--set", c)))
+    assert again.returncode == 0 and f"{run} is already complete at step 4 (optim.steps=4)" in again.stderr
+    assert steps(run) == [1, 2, 3, 4] and len((run / "resume.jsonl").read_text().splitlines()) == 1  # nothing ran
 
     # what defines the experiment is still refused, and nothing is written
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
