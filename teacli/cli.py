@@ -215,12 +215,13 @@ def train(
         if main_rank:
             _fail(str(exc))
         raise typer.Exit(2)
-    except Interrupted as exc:  # Ctrl-C: where it stopped, and the command that resumes it
+    except KeyboardInterrupt as exc:  # Ctrl-C: where it stopped (Interrupted says, once training), the command that resumes
         import shlex
 
         if main_rank:
+            where = str(exc) if isinstance(exc, Interrupted) else f"interrupted while setting up {directory} (nothing trained in this attempt); to go on"
             again = ["tea", "train", recipe, *(a for item in set_ for a in ("--set", item)), "--run-dir", str(directory)]
-            typer.echo(f"{exc}, run: {shlex.join(again)}", err=True)
+            typer.echo(f"{where}, run: {shlex.join(again)}", err=True)
         raise typer.Exit(130)
     if main_rank:
         typer.echo(f"run directory: {path}")
