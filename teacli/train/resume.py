@@ -70,6 +70,7 @@ def _remove_if_empty(path: Path) -> None:
 
 def on_rank0(world, fn, *args):
     """fn(*args) on rank 0 only; its result, or its error, reaches every rank, so that all go on or all stop."""
+    from teacli.config import RecipeError
     from teacli.data.errors import DataError
     from teacli.train import backend
 
@@ -77,7 +78,7 @@ def on_rank0(world, fn, *args):
     if world.is_main:
         try:
             result = fn(*args)
-        except (TrainError, DataError) as exc:
+        except (TrainError, DataError, RecipeError) as exc:
             error = str(exc)
     result, error = backend.broadcast_object((result, error))
     if error is not None:
