@@ -204,15 +204,26 @@ def train(
     except RecipeError as exc:
         _fail(str(exc))
     from teacli.data.errors import DataError
-    from teacli.train.loop import TrainError, train as run_training
+    from teacli.train.errors import Interrupted, TrainError
+    from teacli.train.loop import train as run_training
 
+    directory = Path(run_dir) if run_dir else Path("runs") / r.name
+    main_rank = os.environ.get("RANK", "0") == "0"  # the other ranks of a launch stop with the same code, silently
     try:
-        path = run_training(r, Path(run_dir) if run_dir else Path("runs") / r.name)
+        path = run_training(r, directory)
     except (TrainError, DataError, RecipeError, ValueError) as exc:
-        _fail(str(exc))
-    import os
+        if main_rank:
+            _fail(str(exc))
+        raise typer.Exit(2)
+    except KeyboardInterrupt as exc:  # Ctrl-C: where it stopped (Interrupted says, once training), the command that resumes
+        import shlex
 
-    if os.environ.get("RANK", "0") == "0":
+        if main_rank:
+            where = str(exc) if isinstance(exc, Interrupted) else f"interrupted while setting up {directory} (nothing trained in this attempt); to go on"
+            again = ["tea", "train", recipe, *(a for item in set_ for a in ("--set", item)), "--run-dir", str(directory)]
+            typer.echo(f"{where}, run: {shlex.join(again)}", err=True)
+        raise typer.Exit(130)
+    if main_rank:
         typer.echo(f"run directory: {path}")
 
 

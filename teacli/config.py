@@ -302,6 +302,50 @@ class Recipe:
 
 
 # ------------------------------------------------------------------------------------------------
+# What a resume may change
+
+EXECUTION_KEYS: frozenset[str] = frozenset({
+    # how generation is batched and where its memory goes (the keys an out-of-memory error names)
+    "rollout.batch_size", "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.sleep", "rollout.sleep_level",
+    # how the hf engine generates: the same distribution, in other time or memory
+    "rollout.share_prefix", "rollout.attention", "rollout.kv_cache", "rollout.compile", "rollout.cache_bucket",
+    # how the update is computed: the same gradient, in other pieces or with recomputation
+    "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing",
+    # where the numbers go
+    "logging",
+    # how far: raise it to extend a run (`tea train` refuses it where the learning-rate schedule depends on it)
+    "optim.steps",
+})
+"""Recipe keys that say how a run executes, not what it computes (dotted names; a section name covers all
+its keys): resuming a run directory accepts a change of these, records it in resume.jsonl, and refuses a
+change of any other key (docs/training.md, "Resume"). A name that a recipe does not have never differs."""
+
+
+def is_execution_key(key: str) -> bool:
+    """Whether the dotted recipe key `key` is one of EXECUTION_KEYS (or inside a section listed there)."""
+    return any(key == k or key.startswith(k + ".") for k in EXECUTION_KEYS)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'optim': {'lr': 1e-5}} → {'optim.lr': 1e-5}; free-form dicts (params) are flattened too."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def recipe_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """dotted key → (old value, new value) for every leaf that differs between two recipe trees
+    (a leaf that one of them lacks counts as None), in the order of the new tree."""
+    a, b = flatten(old), flatten(new)
+    keys = list(b) + [k for k in a if k not in b]
+    return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
+
+
+# ------------------------------------------------------------------------------------------------
 # Loading: base inheritance, overrides, provenance
 
 

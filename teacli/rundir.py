@@ -7,13 +7,19 @@ and imports only the standard library (docs/architecture.md):
     runs/<name>/metrics.jsonl          one line per training step
     runs/<name>/validation.jsonl       one line per validated checkpoint (step 0 = the untrained policy)
     runs/<name>/selected.json          {"step", "path", "score", "rule"}: the validation-selected checkpoint
-    runs/<name>/data.json              the prompts kept and dropped (over data.max_prompt_tokens) per split, at setup
+    runs/<name>/data.json              per split: its file's sha256 (checked on resume) and the prompts kept and dropped
+    runs/<name>/resume.jsonl           one line per restart: the step it resumed from and the execution keys it changed
+    runs/<name>/.train.lock            held by the `tea train` that writes the run (rank 0), removed when it ends
     runs/<name>/trackers.json          the experiment trackers' run ids (W&B, MLflow), so a resume continues them
     runs/<name>/ranks.jsonl            with logging.per_rank: one line per rank and step, before averaging
     runs/<name>/checkpoints/step_000025/   HF model + tokenizer + recipe.yaml + trainer/ (resume state)
     runs/<name>/eval/[base/|step_XXXXXX/]<split>-M<M>.{jsonl,bon.json,run.json}, <split>.prompts.jsonl
-    runs/<name>/judge/<other-run>-bo<N>.jsonl
+    runs/<name>/judge/<other-run>-bo<N>.jsonl  (and .<other-run>-bo<N>.lock while a `tea judge` writes it)
     runs/<name>/tail_check_warning.txt  the training tail check's warning, written once (docs/diagnostics.md)
+
+One writer per file: `tea train` holds `.train.lock`, `tea eval-bon` `eval/.<split>-M<M>.lock`,
+`tea judge` `judge/.<other-run>-bo<N>.lock` (`exclusive`); a second writer stops at once.
+An evaluation is finished when its `<split>-M<M>.bon.json` exists (`finished_evals`).
 
 A checkpoint is written into `checkpoints/.tmp_step_XXXXXX/` and renamed into place once
 complete, so a directory named `step_*` is always whole. On resume, metrics and validation lines
@@ -22,13 +28,17 @@ past the checkpoint's step are dropped, so a run killed mid-step never duplicate
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 CKPT_PREFIX = "step_"
+_BON_FILE = re.compile(r"^(?P<split>.+)-M(?P<M>\d+)\.bon\.json$")
 
 
 def step_dir_name(step: int) -> str:
@@ -59,6 +69,55 @@ def eval_dir(run: Path, checkpoint: int | str) -> Path:
     return Path(run) / "eval" / step_dir_name(int(which))
 
 
+def finished_evals(directory: Path) -> dict[tuple[str, int], Path]:
+    """(split, M) → bon.json of every finished evaluation in an eval directory: `tea eval-bon` writes
+    `<split>-M<M>.bon.json` last, once every record is there, so records without it are unfinished."""
+    if not Path(directory).is_dir():
+        return {}
+    found = {}
+    for p in Path(directory).iterdir():
+        m = _BON_FILE.match(p.name)
+        if m and p.is_file():
+            found[(m["split"], int(m["M"]))] = p
+    return found
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path, busy: str, error: type[Exception] = RuntimeError) -> Iterator[None]:
+    """Hold an exclusive lock on the file `lock` (created) while the block runs; `error(busy)` at once
+    when another process holds it. The lock file is removed on the way out.
+
+    flock: the kernel drops the lock when its holder dies (kill -9 included), so a stale file never
+    blocks. After locking, the file must still be the one at `lock`: a holder that was removing it
+    meanwhile leaves an unlinked file behind, and locking that would let two writers in.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    while True:
+        f = open(lock, "a")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise error(busy) from None
+        try:
+            same = os.path.samestat(os.fstat(f.fileno()), os.stat(lock))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()  # lost the race with a holder removing it: lock the new file
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        f.close()
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to a temporary file beside `path`, then rename it into place."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -77,6 +136,8 @@ class RunDir:
         self.trackers = self.path / "trackers.json"
         self.data = self.path / "data.json"
         self.ranks = self.path / "ranks.jsonl"
+        self.resumes = self.path / "resume.jsonl"
+        self.lock = self.path / ".train.lock"
 
     # -- checkpoints ------------------------------------------------------------------------
     def complete_checkpoints(self) -> list[tuple[int, Path]]:

@@ -16,6 +16,18 @@ def slow_length_reward(prompts, responses):
     return length_reward(prompts, responses)
 
 
+def held_length_reward(prompts, responses):
+    """length_reward that waits while the file $TEA_TEST_HOLD exists (at most 5 minutes), after touching
+    $TEA_TEST_HOLD.waiting: a test holds a run mid-way, does something beside it, then lets it go on."""
+    hold = os.environ.get("TEA_TEST_HOLD")
+    if hold and os.path.exists(hold):
+        open(hold + ".waiting", "w").close()
+        deadline = time.time() + 300
+        while os.path.exists(hold) and time.time() < deadline:
+            time.sleep(0.05)
+    return length_reward(prompts, responses)
+
+
 def rank_rule(rewards, *, scale=1.0):
     """A user advantage rule by dotted path: centred within-group ranks."""
     ranks = rewards.argsort(-1).argsort(-1).to(rewards.dtype)

@@ -270,3 +270,28 @@ def test_names_resolve_against_local_recipes_first_then_the_packaged_ones(tmp_pa
     assert found["quickstart"].parent == local and found["mine"].parent == local
     assert found["uf_llama1b_tea"].parent == packaged and len(found) == len(discover_recipes(packaged)) + 1
     assert load_recipe(find_recipe("quickstart")).policy.name_or_path == "meta-llama/Llama-3.2-1B-Instruct"
+
+
+def test_execution_keys_are_told_apart_from_what_defines_the_experiment():
+    """recipe_changes lists every differing leaf; is_execution_key says which of them a resume may take."""
+    import copy
+
+    from teacli.config import is_execution_key, recipe_changes
+
+    old = Recipe().to_dict()
+    new = copy.deepcopy(old)
+    new["rollout"]["batch_size"] = 8
+    new["optim"]["lr"] = 1.0
+    new["logging"]["report_to"] = ["wandb"]
+    new["advantage"]["params"] = {"alpha": 0.5}
+    changes = recipe_changes(old, new)
+    assert changes == {
+        "rollout.batch_size": (64, 8), "optim.lr": (1e-5, 1.0), "logging.report_to": (None, ["wandb"]),
+        "advantage.params.alpha": (None, 0.5), "advantage.params": ({}, None),
+    }
+    assert [k for k in changes if is_execution_key(k)] == ["rollout.batch_size", "logging.report_to"]
+    assert recipe_changes(old, copy.deepcopy(old)) == {}
+    for key in ("optim.steps", "optim.micro_batch_size", "policy.gradient_checkpointing", "rollout.kv_cache_gib", "logging.project"):
+        assert is_execution_key(key), key
+    for key in ("rollout.batch_sizes", "log", "optim.lr", "rollout.group_size", "data.dir", "policy.name_or_path"):
+        assert not is_execution_key(key), key

@@ -4,6 +4,7 @@ evaluator need). `dir: builtin` names the packaged prompt set, prepared once int
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -33,10 +34,22 @@ def resolve_data_dir(data_dir: str) -> Path:
     return path
 
 
-def load_split(data_dir: str, split: str) -> list[Prompt]:
+def split_path(data_dir: str, split: str) -> Path:
+    """The file of split `split` in a prepare-data directory; DataError listing the splits there when it is missing."""
     path = resolve_data_dir(data_dir) / f"{split}.jsonl"
     if not path.exists():
         raise DataError(f"split {split!r} not found: {path} (files there: {', '.join(sorted(p.name for p in path.parent.glob('*.jsonl')))})")
+    return path
+
+
+def split_sha256(data_dir: str, split: str) -> str:
+    """sha256 of a split's file, as prepare-data's manifest.json records it: it changes when the split is
+    prepared again with other content (another --seed, other inputs), and only then."""
+    return hashlib.sha256(split_path(data_dir, split).read_bytes()).hexdigest()
+
+
+def load_split(data_dir: str, split: str) -> list[Prompt]:
+    path = split_path(data_dir, split)
     prompts = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):

@@ -37,18 +37,18 @@ in training) and counted; `<split>.prompts.jsonl` lists the prompts actually eva
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from teacli.eval.stats import grouped_bon, powers_of_two_dividing
+from teacli.rundir import exclusive
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
@@ -90,8 +90,11 @@ class Checkpoint:
     eval_dir: Path  # where this checkpoint's evaluation files go
 
 
-def resolve_checkpoint(run: Path, spec: str) -> Checkpoint:
-    """'selected' (selected.json), 'step_N' / 'N' (checkpoints/step_00000N) or 'base' (the recipe's policy)."""
+def resolve_checkpoint(run: Path, spec: str, validation: bool = True) -> Checkpoint:
+    """'selected' (selected.json), 'step_N' / 'N' (checkpoints/step_00000N) or 'base' (the recipe's policy).
+
+    `validation`: the run's validation.enabled; without it no checkpoint is ever selected.
+    """
     from teacli.rundir import RunDir, eval_dir, parse_checkpoint_spec
 
     rd = RunDir(run)
@@ -104,9 +107,15 @@ def resolve_checkpoint(run: Path, spec: str) -> Checkpoint:
     if which == "selected":
         sel = rd.read_selected()
         if not sel:
+            have = _listing(rd) or "none yet"
+            if not validation:
+                raise EvalError(
+                    f"{run} was trained with validation.enabled: false, so it never selects a checkpoint (no "
+                    f"{rd.selected.name}); pass --checkpoint step_N (checkpoints: {have}) or --checkpoint base"
+                )
             raise EvalError(
                 f"{rd.selected} not found: the run has no validation-selected checkpoint yet; "
-                "use --checkpoint step_N or --checkpoint base"
+                f"use --checkpoint step_N (checkpoints: {have}) or --checkpoint base"
             )
         path = run / sel["path"]
         if not path.is_dir():
@@ -114,9 +123,14 @@ def resolve_checkpoint(run: Path, spec: str) -> Checkpoint:
         return Checkpoint(int(sel["step"]), path, eval_dir(run, "selected"))
     path = rd.checkpoint(which)
     if not (path / "config.json").is_file():
-        have = ", ".join(f"step_{s}" for s, _ in rd.complete_checkpoints()) or "none"
+        have = _listing(rd) or "none"
         raise EvalError(f"--checkpoint {spec}: no checkpoint {path} (checkpoints in this run: {have})")
     return Checkpoint(which, path, eval_dir(run, which))
+
+
+def _listing(rd) -> str:
+    """The run's complete checkpoints as --checkpoint values: 'step_2, step_4'."""
+    return ", ".join(f"step_{s}" for s, _ in rd.complete_checkpoints())
 
 
 @dataclass(frozen=True)
@@ -227,25 +241,6 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-@contextlib.contextmanager
-def _exclusive(lock: Path) -> Iterator[None]:
-    """One writer per evaluation file: a second `tea eval-bon` on the same files stops at once."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(lock, "w") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise EvalError(f"another `tea eval-bon` is writing {lock.parent} (lock {lock.name}); wait for it to finish") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 # ------------------------------------------------------------------------------------------------
 # The evaluation
 
@@ -318,11 +313,12 @@ def evaluate(
     split = split or recipe.eval.split
     if M < 1:
         raise EvalError(f"--n: M must be >= 1, got {M}")
-    ckpt = resolve_checkpoint(run, checkpoint)
+    ckpt = resolve_checkpoint(run, checkpoint, validation=recipe.validation.enabled)
     files = EvalFiles.of(ckpt.eval_dir, split, M)
     settings = _settings(recipe, run, ckpt, split, M, overrides)
     ckpt.eval_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(files.lock):
+    busy = f"another `tea eval-bon` is writing {ckpt.eval_dir} (lock {files.lock.name}); wait for it to finish"
+    with exclusive(files.lock, busy, EvalError):
         return _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, progress, log)
 
 

@@ -21,6 +21,8 @@ Files (RUN_A = self, RUN_B = other; docs/judge.md):
                                         appended as verdicts arrive, so an interrupted run resumes.
   RUN_A/judge/.cache.jsonl             {"key", "model", "content"}: raw judge replies that parsed, keyed by
                                         sha256 of (model, messages, sampling parameters); reruns cost nothing.
+  RUN_A/judge/.<RUN_B name>-bo<N>.lock  held while a judge writes that file: a second one stops at once.
+Only finished evaluations are judged (`<split>-M<M>.bon.json` beside the records, as `tea report` reads them).
 The API key is sent in the Authorization header only; it is never written to a record, the cache or a log.
 
 Where this fills in the paper: the paper does not print its judge prompt, seed or decoding settings.
@@ -47,6 +49,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from urllib.parse import urlsplit
 
 import httpx
+
+from teacli.rundir import exclusive, finished_evals
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +209,7 @@ def parse_select(select: str) -> int:
 
 
 def find_eval_file(run: Path, split: str, n: int) -> tuple[Path, int]:
-    """The run's eval/<split>-M<M>.jsonl with the smallest M ≥ n."""
+    """The run's eval/<split>-M<M>.jsonl with the smallest M ≥ n; JudgeError when that evaluation is unfinished."""
     eval_dir = run / "eval"
     pattern = re.compile(rf"{re.escape(split)}-M(\d+)\.jsonl")
     found = sorted(
@@ -213,7 +217,13 @@ def find_eval_file(run: Path, split: str, n: int) -> tuple[Path, int]:
     )
     usable = [(m, p) for m, p in found if m >= n]
     if usable:
-        return usable[0][1], usable[0][0]
+        m, path = usable[0]
+        if (split, m) not in finished_evals(eval_dir):  # what `tea report` reads as finished
+            raise JudgeError(
+                f"{run}: the evaluation {path.name} is unfinished (no {split}-M{m}.bon.json); finish it with "
+                f"`tea eval-bon {run} --split {split} --n {m}` before judging"
+            )
+        return path, m
     if found:
         have = ", ".join(f"{p.name} (M={m})" for m, p in found)
         raise JudgeError(f"{eval_dir} has {have}; bo{n} needs M ≥ {n}: run `tea eval-bon` with M ≥ {n} or choose a smaller --select")
@@ -525,29 +535,31 @@ def judge_runs(
     out_dir = run_a / "judge"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{other_name}-{select}.jsonl"
-    existing = _existing_records(path, pairs, config, split, select)
-    todo = [p for p in pairs if p.prompt_id not in existing]
-    order = {p.prompt_id: i for i, p in enumerate(pairs)}
-    _write_records(path, existing.values(), order)  # drops a line cut short by an interrupted run
-    cache = _Cache(out_dir / CACHE_FILE)
-    counters = {"requests": 0, "cache_hits": 0}
-    new: dict[str, dict] = {}
-    try:
-        with open(path, "a", encoding="utf-8") as sink:
-            def emit(record: dict) -> None:
-                new[record["prompt_id"]] = record
-                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-                sink.flush()
-                if progress:
-                    progress(len(new), len(todo))
+    busy = f"another `tea judge` is writing {path}; wait for it to finish"
+    with exclusive(out_dir / f".{path.stem}.lock", busy, JudgeError):  # one judge per output file
+        existing = _existing_records(path, pairs, config, split, select)
+        todo = [p for p in pairs if p.prompt_id not in existing]
+        order = {p.prompt_id: i for i, p in enumerate(pairs)}
+        _write_records(path, existing.values(), order)  # drops a line cut short by an interrupted run
+        cache = _Cache(out_dir / CACHE_FILE)
+        counters = {"requests": 0, "cache_hits": 0}
+        new: dict[str, dict] = {}
+        try:
+            with open(path, "a", encoding="utf-8") as sink:
+                def emit(record: dict) -> None:
+                    new[record["prompt_id"]] = record
+                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    sink.flush()
+                    if progress:
+                        progress(len(new), len(todo))
 
-            if progress:
-                progress(0, len(todo))
-            if todo:
-                asyncio.run(_judge_all(todo, config, api_key, cache, counters, emit))
-    finally:
-        cache.close()
-        rows = _write_records(path, {**existing, **new}.values(), order)
+                if progress:
+                    progress(0, len(todo))
+                if todo:
+                    asyncio.run(_judge_all(todo, config, api_key, cache, counters, emit))
+        finally:
+            cache.close()
+            rows = _write_records(path, {**existing, **new}.values(), order)
 
     counts = summarize(rows)
     return JudgeSummary(

@@ -26,7 +26,6 @@ from typing import Any
 
 from teacli import rundir
 
-_BON_FILE = re.compile(r"^(?P<split>.+)-M(?P<M>\d+)\.bon\.json$")
 _JUDGE_FILE = re.compile(r"^(?P<other>.+)-bo(?P<N>\d+)\.jsonl$")
 
 
@@ -92,14 +91,7 @@ def eval_dir(run: Path, checkpoint: str = "selected") -> Path:
 
 def available_evals(directory: Path) -> dict[tuple[str, int], Path]:
     """(split, M) → bon.json for every finished evaluation in `directory`."""
-    if not directory.is_dir():
-        return {}
-    found = {}
-    for p in directory.iterdir():
-        m = _BON_FILE.match(p.name)
-        if m and p.is_file():
-            found[(m["split"], int(m["M"]))] = p
-    return found
+    return rundir.finished_evals(directory)
 
 
 def default_report_runs(cwd: Path | None = None, checkpoint: str = "selected") -> list[Path]:

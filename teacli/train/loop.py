@@ -12,6 +12,11 @@ top-10 rewards per prompt) and save an HF checkpoint with the trainer state; the
 checkpoint is named in selected.json. Re-running on the same run directory resumes from the last
 complete checkpoint with the same data order and RNG.
 
+The run directory (teacli/train/resume.py): rank 0 locks it for the whole run; a restart may change the
+recipe's execution keys (config.EXECUTION_KEYS, recorded in resume.jsonl) but not what defines the
+experiment, nor the train / val split files (their sha256 in data.json); the run's files are written
+only once every check and the setup have passed (docs/training.md, "Resume").
+
 Multi-process: `prompts_per_step` is global; each rank takes its share of the step's prompts.
 """
 
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -27,16 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from teacli.rundir import RunDir, step_dir_name, write_text_atomic
 from teacli.train.checkpoint import save_hf_model
+from teacli.train.errors import Interrupted, TrainError
+from teacli.train.resume import Start, check_run_dir, commit_run_dir, on_rank0, run_lock, say
 
 if TYPE_CHECKING:
     import torch
 
     from teacli.config import Recipe
     from teacli.types import Completion, Prompt
-
-
-class TrainError(RuntimeError):
-    """A training problem the user can act on (named cause and recipe key)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -417,16 +419,16 @@ def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, ex
 
 
 def train(recipe: "Recipe", run_dir: Path) -> Path:
-    """Run (or resume) training of `recipe` into `run_dir`; returns the run directory."""
-    import torch
+    """Run (or resume) training of `recipe` into `run_dir`; returns the run directory.
 
-    from teacli.advantages import compute_advantages
+    One `tea train` per run directory: rank 0 holds its lock for the whole run. A restart resumes from
+    the last complete checkpoint; it refuses a recipe that changes the experiment and data that changed
+    since the run started, and takes changed execution keys (the resume rules, teacli/train/resume.py).
+    """
     from teacli.rollout.factory import resolve_engine_name
-    from teacli.advantages.tail import tail_check_stats
-    from teacli.diagnostics.tail_check import TailCheck
     from teacli.train import backend
     from teacli.train.importance import resolve_is_correction
-    from teacli.train.progress import Progress, check_trackers, metrics_sink
+    from teacli.train.progress import check_trackers
 
     check_trackers(recipe)  # an uninstalled tracker fails before any model is loaded
     try:  # the importance correction the engine that will run needs (before any model is loaded)
@@ -439,27 +441,44 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
 
         keep_cpu_memory()
     run = RunDir(run_dir)
-    resume = _prepare_run_dir(run, recipe, world)
+    with run_lock(run, world):
+        start = on_rank0(world, check_run_dir, run, recipe)
+        if start.step >= recipe.optim.steps:
+            say(world, f"{run.path} is already complete at step {start.step} (optim.steps={recipe.optim.steps}); "
+                        f"raise optim.steps to train further")
+        else:
+            _train_steps(recipe, run, world, start, is_level)
+    return run.path
+
+
+def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level: str) -> None:
+    """Set up, write the run's files (every check has passed by then), restore a resumed run's state, train."""
+    import torch
+
+    from teacli.advantages import compute_advantages
+    from teacli.advantages.tail import tail_check_stats
+    from teacli.diagnostics.tail_check import TailCheck
+    from teacli.train import backend
+    from teacli.train.progress import Progress, metrics_sink
+
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
 
     tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report = _setup(recipe, world)
-    if world.is_main:
-        write_text_atomic(run.data, json.dumps(data_report, indent=2) + "\n")
-        if (warning := dropped_warning(data_report)) is not None:
-            print(warning, file=sys.stderr, flush=True)
-    start = 0
-    if resume is not None:
-        step_done, path = resume
+    on_rank0(world, commit_run_dir, run, recipe, resume, data_report)
+    if resume.restart:
+        say(world, resume.note(run, recipe))
+    if (warning := dropped_warning(data_report)) is not None:
+        say(world, warning)
+    start, position = resume.step, 0
+    if resume.checkpoint is not None:
+        path = resume.checkpoint
         backend.load_engine_state(engine, str(path / "trainer"), tag="state")
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
-        start = step_done
         state = json.loads((path / "trainer_state.json").read_text()) if (path / "trainer_state.json").exists() else {}
         position = int(state.get("data_position", start * recipe.rollout.prompts_per_step))
-    else:
-        position = 0
     # Engines with their own copy of the weights (vllm) get the trainer's, now and after every update.
     rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -469,12 +488,12 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
         adv_params["generator"] = torch.Generator().manual_seed(recipe.seed * 7919 + world.rank + start)
     progress = Progress(recipe.optim.steps, start, enabled=world.is_main, name=recipe.name)
     tail_check = TailCheck(recipe.advantage.tail_check_r2, recipe.advantage.tail_check_window, run.path, sink.note, world.is_main)
-    phase = "setup"
+    phase, step = "setup", start
     try:
         has_baseline = backend.broadcast_object(any(r.get("step") == 0 for r in run.read_jsonl(run.validation)))
         if start == 0 and recipe.validation.enabled and recipe.validation.at_start and not has_baseline:
             # The untrained policy's score: the baseline every checkpoint is compared with.
-            phase = "validation (validation.samples, rollout.batch_size)"
+            phase = "validation of the untrained policy (validation.samples, rollout.batch_size)"
             result = _validation(engine, rollout, reward, val_prompts, recipe)
             if world.is_main:
                 sink.validation({"step": 0, **result})
@@ -539,13 +558,14 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink, position)
     except torch.OutOfMemoryError:
         raise TrainError(
-            f"out of memory during {phase}: lower the recipe keys named there, or use backend.zero_stage: 3 "
-            f"and backend.offload_optimizer: true; the run directory keeps its last complete checkpoint"
+            f"out of memory during {phase}: lower the recipe keys named there (they may change on resume), or use "
+            f"backend.zero_stage: 3 and backend.offload_optimizer: true; the run directory keeps its last complete checkpoint"
         ) from None
+    except KeyboardInterrupt:
+        raise Interrupted(run, step + 1, phase.split(" (")[0]) from None
     finally:
         progress.close()
         sink.close()
-    return run.path
 
 
 def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position) -> None:
@@ -574,30 +594,3 @@ def _validation(engine, rollout, reward, val_prompts, recipe) -> dict[str, Any]:
     # No sleep: the next thing the engine does is the next step's generation, with these same weights
     # (a level-2 sleep would discard them with no push to bring them back).
     return backend.broadcast_object(result)
-
-
-def _prepare_run_dir(run: RunDir, recipe: "Recipe", world) -> tuple[int, Path] | None:
-    """Create the run directory, or find where to resume; refuse to mix different recipes."""
-    from teacli.config import to_yaml
-    from teacli.train import backend
-
-    resolved = to_yaml(recipe)
-    resume = None
-    if world.is_main:
-        run.path.mkdir(parents=True, exist_ok=True)
-        if run.recipe.exists() and run.recipe.read_text() != resolved:
-            import difflib
-
-            diff = "".join(difflib.unified_diff(run.recipe.read_text().splitlines(True), resolved.splitlines(True), "run recipe.yaml", "this recipe", n=0))
-            raise TrainError(
-                f"{run.recipe} holds a different recipe; resume with the same recipe or choose another --run-dir:\n{diff[:2000]}"
-            )
-        run.clean_partial()
-        resume = run.latest_checkpoint()
-        done = resume[0] if resume else 0
-        run.truncate_after(run.metrics, done)
-        run.truncate_after(run.validation, done)
-        if not run.recipe.exists():
-            write_text_atomic(run.recipe, resolved)
-    backend.barrier()
-    return backend.broadcast_object(resume)

@@ -65,17 +65,6 @@ def resolve_report_to(report_to: list[str] | None) -> list[str]:
     return list(report_to)
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'optim': {'lr': 1e-5}} → {'optim.lr': 1e-5}; free-form dicts (params) are flattened too."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def numeric(record: dict[str, Any]) -> dict[str, float]:
     """The fields of a metrics/validation record that a tracker can plot (all but step and strings; a flag as 0/1)."""
     return {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
@@ -180,7 +169,7 @@ class _Mlflow:
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        from teacli.config import to_yaml
+        from teacli.config import flatten, to_yaml
 
         st = state.of(self.name)
         uri = mlflow.get_tracking_uri()

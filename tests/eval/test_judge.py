@@ -137,15 +137,19 @@ def server():
 
 
 def write_run(root: Path, name: str, split: str, m: int, prompts: dict[str, str], samples: dict[str, list[tuple[str, float]]]) -> Path:
+    """A finished evaluation: prompts, records, and the bon.json that `tea eval-bon` writes last."""
+    from teacli.eval.bon import bon_summary, rewards_matrix
+
     run = root / name
     (run / "eval").mkdir(parents=True)
     with open(run / "eval" / f"{split}.prompts.jsonl", "w") as f:
         for pid, text in prompts.items():
             f.write(json.dumps({"prompt_id": pid, "messages": [{"role": "user", "content": text}]}) + "\n")
-    with open(run / "eval" / f"{split}-M{m}.jsonl", "w") as f:
-        for pid, rows in samples.items():
-            for i, (response, reward) in enumerate(rows):
-                f.write(json.dumps({"prompt_id": pid, "sample": i, "response": response, "reward": reward, "tokens": 5}) + "\n")
+    records = [{"prompt_id": pid, "sample": i, "response": response, "reward": reward, "tokens": 5}
+               for pid, rows in samples.items() for i, (response, reward) in enumerate(rows)]
+    (run / "eval" / f"{split}-M{m}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    bon = bon_summary(rewards_matrix(records, list(samples), m), list(samples), split, m, 2)
+    (run / "eval" / f"{split}-M{m}.bon.json").write_text(json.dumps(bon))
     return run
 
 
@@ -292,6 +296,45 @@ def test_resume_after_partial_output(tmp_path, server):
 
     with pytest.raises(J.JudgeError, match="seed 0.*seed 1"):
         J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, seed=1))
+
+
+def test_an_unfinished_evaluation_is_refused_naming_the_run(tmp_path, server):
+    """Records of some prompts and no bon.json (eval-bon stopped mid-way): the judge would compare part of
+    the prompts as if it were the evaluation, so it refuses, as `tea report` does."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    run_a, run_b, _ = make_pair(tmp_path, ["normal"] * 6)
+    records = run_a / "eval" / "core-M8.jsonl"
+    records.write_text("".join(records.read_text().splitlines(keepends=True)[: 3 * 8]))  # 3 of 7 prompts
+    (run_a / "eval" / "core-M8.bon.json").unlink()
+    with pytest.raises(J.JudgeError, match=rf"{re.escape(str(run_a))}: the evaluation core-M8.jsonl is unfinished \(no core-M8.bon.json\)"):
+        J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url))
+    result = CliRunner().invoke(app, ["judge", str(run_a), str(run_b), "--select", "bo4", "--split", "core", "--base-url", server.url])
+    assert result.exit_code == 2 and "unfinished" in result.output and f"tea eval-bon {run_a} --split core --n 8" in result.output
+    assert server.requests == [] and not (run_a / "judge").exists()
+
+
+def test_a_second_judge_on_the_same_output_stops_and_sends_nothing(tmp_path, server):
+    run_a, run_b, expected = make_pair(tmp_path, ["normal"] * 6)
+    server.delay = 0.3
+    config = fast_config(server.url, concurrency=1, timeout_s=10.0)
+    first: dict = {}
+    thread = threading.Thread(target=lambda: first.update(summary=J.judge_runs(run_a, run_b, 4, split="core", config=config)))
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not server.requests and time.time() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(J.JudgeError, match=r"another `tea judge` is writing .*grpo-bo4.jsonl"):
+            J.judge_runs(run_a, run_b, 4, split="core", config=config)
+    finally:
+        thread.join(timeout=60)
+    assert sorted(r["pid"] for r in server.requests) == sorted(expected)  # every pair asked once
+    assert first["summary"].judged == len(expected)
+    assert {r["prompt_id"]: r["winner"] for r in read(first["summary"].path)} == expected
+    assert not (run_a / "judge" / ".grpo-bo4.lock").exists()
 
 
 def closed_port_url() -> str:

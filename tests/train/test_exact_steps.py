@@ -216,7 +216,10 @@ def test_over_length_prompts_are_dropped_once_and_every_step_is_one_update(asset
     assert ("dropped 2 of 6 train prompts and 1 of 5 validation prompts longer than data.max_prompt_tokens=16" in warnings[0]
             and "longest 41" in warnings[0] and "raise data.max_prompt_tokens" in warnings[0])
     data = json.loads((run / "data.json").read_text())
-    assert data["train"] == {"split": "train", "prompts": 6, "kept": 4, "dropped": 2, "longest_dropped_tokens": 41}
+    import hashlib
+
+    sha256 = hashlib.sha256((assets / "data" / "train.jsonl").read_bytes()).hexdigest()  # what a resume compares
+    assert data["train"] == {"split": "train", "prompts": 6, "kept": 4, "dropped": 2, "longest_dropped_tokens": 41, "sha256": sha256}
     assert data["validation"]["dropped"] == 1 and data["validation"]["used"] == 4
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]

@@ -1,0 +1,171 @@
+"""Where `tea train` starts: the run directory's lock, the resume rules, and the run's files, written
+once every check has passed (docs/training.md, "One writer" and "Resume").
+
+Rank 0 decides and writes; `on_rank0` hands its answer, or its error, to every rank of the launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from teacli.rundir import RunDir, exclusive, step_dir_name, write_text_atomic
+from teacli.train.errors import TrainError
+
+if TYPE_CHECKING:
+    from teacli.config import Recipe
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a run (re)starts: decided by rank 0 from the run directory before any model is loaded."""
+
+    step: int  # the last complete checkpoint's step; 0 without one
+    checkpoint: Path | None  # that checkpoint's directory
+    restart: bool  # the run directory holds this run already (recipe.yaml)
+    changed: dict[str, tuple[Any, Any]]  # execution keys changed since the last start: key → (before, now)
+    data: dict[str, str]  # "train" / "validation" → sha256 of the split's file now
+
+    def note(self, run: RunDir, recipe: "Recipe") -> str:
+        """The line a restart prints: from which step, and what changed."""
+        where = (f"resuming {run.path} from step {self.step} of {recipe.optim.steps} ({step_dir_name(self.step)})"
+                 if self.checkpoint else f"restarting {run.path} from step 0 (it has no checkpoint yet)")
+        if self.changed:
+            where += "; changed since the last start (resume.jsonl): " + ", ".join(
+                f"{k} {a!r} → {b!r}" for k, (a, b) in self.changed.items())
+        return where
+
+
+@contextlib.contextmanager
+def run_lock(run: RunDir, world) -> Iterator[None]:
+    """Rank 0 holds the run directory's lock while the block runs; a second `tea train` on it stops at once.
+
+    The other ranks of this launch do not take the lock (they would contend with their own rank 0): they
+    wait for rank 0's answer and stop with it. A run directory this start created is removed again if it
+    is left empty (a check failed before anything was written).
+    """
+    with contextlib.ExitStack() as stack:
+
+        def lock() -> None:
+            if not run.path.exists():
+                run.path.mkdir(parents=True)
+                stack.callback(_remove_if_empty, run.path)
+            busy = f"another `tea train` is writing {run.path} (lock {run.lock.name}); wait for it to finish or stop it"
+            stack.enter_context(exclusive(run.lock, busy, TrainError))
+
+        on_rank0(world, lock)
+        yield
+
+
+def _remove_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+def on_rank0(world, fn, *args):
+    """fn(*args) on rank 0 only; its result, or its error, reaches every rank, so that all go on or all stop."""
+    from teacli.config import RecipeError
+    from teacli.data.errors import DataError
+    from teacli.train import backend
+
+    result = error = None
+    if world.is_main:
+        try:
+            result = fn(*args)
+        except (TrainError, DataError, RecipeError) as exc:
+            error = str(exc)
+    result, error = backend.broadcast_object((result, error))
+    if error is not None:
+        raise TrainError(error)
+    return result
+
+
+def say(world, text: str) -> None:
+    """A line on stderr from rank 0."""
+    if world.is_main:
+        print(text, file=sys.stderr, flush=True)
+
+
+def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
+    """Where to start, and whether this recipe may continue the run directory (the resume rules,
+    docs/training.md): a change of a key outside config.EXECUTION_KEYS, an optim.steps the run cannot
+    take, or a train / val split whose file changed since the run started is a TrainError. Reads only."""
+    from teacli.config import is_execution_key, parse_yaml, recipe_changes, to_yaml
+    from teacli.data.load import split_sha256
+
+    d = recipe.data
+    data = {"train": split_sha256(d.dir, d.train_split)}
+    if recipe.validation.enabled:
+        data["validation"] = split_sha256(d.dir, d.val_split)
+    if not run.recipe.exists():
+        return Start(0, None, False, {}, data)
+    changed = recipe_changes(parse_yaml(run.recipe.read_text(), str(run.recipe)) or {}, parse_yaml(to_yaml(recipe), "this recipe"))
+    defining = [f"{k}: {a!r} in the run, {b!r} now" for k, (a, b) in changed.items() if not is_execution_key(k)]
+    if defining:
+        raise TrainError(
+            f"{run.recipe} holds a different recipe ({'; '.join(defining[:8])}{'; …' if len(defining) > 8 else ''}); "
+            f"resume with the same recipe (only execution keys may change, docs/training.md) or choose another --run-dir"
+        )
+    latest = run.latest_checkpoint()
+    step, checkpoint = latest if latest else (0, None)
+    if "optim.steps" in changed:
+        _check_steps(recipe, changed["optim.steps"][0], step)
+    _check_data(run, recipe, data)
+    return Start(step, checkpoint, True, {k: v for k, v in changed.items() if is_execution_key(k)}, data)
+
+
+def _check_steps(recipe: "Recipe", before: int, reached: int) -> None:
+    """optim.steps may change on resume when the learning rate does not depend on it, and not below the step reached."""
+    o = recipe.optim
+    if o.scheduler != "constant":
+        raise TrainError(
+            f"optim.steps: {before} → {o.steps} would change the learning rate of the steps still to run "
+            f"(optim.scheduler: {o.scheduler} decays over optim.steps); keep optim.steps={before}, or train into another --run-dir"
+        )
+    if o.steps < reached:
+        raise TrainError(f"optim.steps={o.steps} is below step {reached}, which the run has reached ({step_dir_name(reached)}); "
+                         f"set optim.steps to {reached} or more")
+
+
+def _check_data(run: RunDir, recipe: "Recipe", data: dict[str, str]) -> None:
+    """Each split's file must be the one the run started with (data.json's sha256, written at its first start)."""
+    if not run.data.exists():
+        return
+    try:
+        recorded = json.loads(run.data.read_text())
+    except json.JSONDecodeError as exc:
+        raise TrainError(f"{run.data}: not valid JSON ({exc}); it records the data the run started with") from None
+    for name, digest in data.items():
+        before = recorded.get(name, {}).get("sha256")  # absent in runs started before it was recorded
+        if before is not None and before != digest:
+            split = recorded[name].get("split", name)
+            raise TrainError(
+                f"data.dir {recipe.data.dir}: split {split!r} changed since {run.path} started (sha256 {before[:12]}… in "
+                f"{run.data.name}, {digest[:12]}… now; prepared again?); resume with the data the run started with, "
+                f"or train into another --run-dir"
+            )
+
+
+def commit_run_dir(run: RunDir, recipe: "Recipe", start: Start, data_report: dict[str, Any]) -> None:
+    """Write the run's files, now that every check passed: recipe.yaml (execution keys as they are now),
+    data.json (with each split's sha256), a resume.jsonl line on a restart; drop the log lines after the
+    checkpoint resumed from, so a step run again is never logged twice."""
+    from teacli.config import to_yaml
+
+    run.clean_partial()
+    run.truncate_after(run.metrics, start.step)
+    run.truncate_after(run.validation, start.step)
+    report = {**data_report}
+    for name, digest in start.data.items():
+        report[name] = {**report[name], "sha256": digest}
+    write_text_atomic(run.data, json.dumps(report, indent=2) + "\n")
+    write_text_atomic(run.recipe, to_yaml(recipe))
+    if start.restart:
+        run.append(run.resumes, {"step": start.step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                 "changed": {k: {"before": a, "now": b} for k, (a, b) in start.changed.items()}})
