@@ -280,7 +280,7 @@ def recipes_list(json_out: bool = typer.Option(False, "--json", help="Print JSON
     rows = []
     for path in discover_recipes():
         try:
-            rows.append(_recipe_row(path, load_recipe(path)))
+            rows.append(_recipe_row(path, load_recipe(path, advantage=False)))
         except RecipeError as exc:
             _fail(str(exc))
     if json_out:
