@@ -443,7 +443,10 @@ def diagnose_alignment(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="HF checkpoint directory to use instead of the recipe's base policy (e.g. runs/x/checkpoints/step_000025)."),
     prompts: int = typer.Option(128, "--prompts", help="P: pool prompts (the first P of the recipe's training split)."),
     pool: int = typer.Option(512, "--pool", help="K: stored completions per pool prompt."),
-    grad_prompts: int = typer.Option(32, "--grad-prompts", help="Pool prompts whose gradients are averaged (the first ones)."),
+    grad_prompts: Optional[int] = typer.Option(
+        None, "--grad-prompts", help="Pool prompts whose gradients are averaged (the first ones; default 32, at most --prompts).",
+        show_default=False,
+    ),
     m: Optional[list[int]] = typer.Option(None, "--m", help="Rollout budgets, space-separated (--m 16 24 32) or repeated. Default: 16 24 32 48 64 96."),
     n: int = typer.Option(128, "--n", help="N of the expected-best-of-N oracle (and the rules' n_target)."),
     seeds: int = typer.Option(5, "--seeds", help="Seeds: subsamples of m rollouts per prompt."),
