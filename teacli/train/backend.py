@@ -61,7 +61,7 @@ def _deepspeed():
     from deepspeed.utils import logger
 
     for handler in logger.handlers:
-        if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr:
+        if type(handler) is logging.StreamHandler and handler.stream is not sys.stderr:  # not a test runner's capture
             handler.setStream(sys.stderr)
     return deepspeed
 
