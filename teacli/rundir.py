@@ -81,9 +81,11 @@ def write_text_atomic(path: Path, text: str) -> None:
         try:
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.filename == str(tmp):
+                exc.filename = str(path)  # the file the user knows
             raise
 
 

@@ -19,8 +19,8 @@ changes the held-out set. Outputs hold no timestamps or machine paths: reruns ar
 
 from __future__ import annotations
 
-import fnmatch
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -395,7 +395,8 @@ def _write(out: Path, files: dict[str, bytes], force: bool) -> str:
             try:
                 staged[name].write_bytes(data)
             except OSError as exc:
-                exc.filename = exc.filename or str(out / name)
+                if exc.filename in (None, str(staged[name])):
+                    exc.filename = str(out / name)  # a failed write() names no file; name the one the user knows
                 raise
         for name, tmp in staged.items():
             os.replace(tmp, out / name)

@@ -63,11 +63,10 @@ def check_encoding(path: Path, head: bytes) -> None:
     """DataError naming the file for UTF-16 or UTF-32 text (its byte-order mark, or two printable ASCII
     characters each beside a NUL byte: UTF-16 without one); a UTF-8 byte-order mark is fine (readers skip it)."""
     found = next((enc for mark, enc in _BOMS if head.startswith(mark)), None)
-    printable = lambda *bs: all(32 <= b < 127 for b in bs)  # noqa: E731
-    if found is None and len(head) >= 4 and (
-        head[1] == head[3] == 0 and printable(head[0], head[2]) or head[0] == head[2] == 0 and printable(head[1], head[3])
-    ):
-        found = "UTF-16"
+    if found is None and len(head) >= 4:
+        for text, nul in ((head[0::2], head[1::2]), (head[1::2], head[0::2])):  # little-endian, big-endian
+            if nul == b"\0\0" and all(32 <= b < 127 for b in text):
+                found = "UTF-16"
     if found:
         raise DataError(f"{path.name}: {found} text; prepare-data reads UTF-8: save the file as UTF-8 "
                         f"(e.g. iconv -f {found} -t UTF-8 {path.name})")

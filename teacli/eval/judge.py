@@ -693,9 +693,10 @@ async def _judge_pair(ctx: _Context, pair: _Pair) -> dict:
                 error = f"HTTP {resp.status_code}"
                 retry_after = _retry_after(resp.headers.get("retry-after"))
             else:
-                env = config.api_key_env
-                hint = ("" if resp.status_code not in (401, 403) else f" (check the API key in ${env}; --api-key-env names "
-                        f"another variable)" if ctx.api_key else f" (no API key was sent: ${env} is not set; --api-key-env names another variable)")
+                hint = ""
+                if resp.status_code in (401, 403):
+                    key = f"check the API key in ${config.api_key_env}" if ctx.api_key else f"no API key was sent: ${config.api_key_env} is not set"
+                    hint = f" ({key}; --api-key-env names another variable)"
                 raise JudgeError(
                     ctx.redact(f"{ctx.url} answered HTTP {resp.status_code}{hint}: {resp.text[:300].strip()}")
                 )
