@@ -11,6 +11,7 @@ service, exit 1); `NO_COLOR` turns colour off; `-h`/`--help`, `--version`, shell
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -36,6 +37,32 @@ class _Group(typer.core.TyperGroup):
     def format_help(self, ctx: Any, formatter: Any) -> None:
         _tidy_params(self, ctx)
         super().format_help(ctx, formatter)
+
+    def invoke(self, ctx: Any) -> Any:
+        """Every command: a file-system error (a full disk, a read-only or unwritable directory, a file where a
+        directory should be) is one `error:` line naming the path, exit 2, not a traceback."""
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            if exc.errno not in _FS_HINTS:
+                raise
+            _fail(_os_error_message(exc))
+
+
+_FULL = "free space there (or write elsewhere) and run the command again"
+_FS_HINTS = {
+    errno.ENOSPC: _FULL, errno.EDQUOT: _FULL, errno.EFBIG: "",
+    errno.EROFS: "write elsewhere", errno.EACCES: "check its permissions, or write elsewhere",
+    errno.EPERM: "check its permissions and attributes (e.g. lsattr: immutable), or write elsewhere",
+    errno.ENOTDIR: "", errno.EISDIR: "", errno.EEXIST: "", errno.ENOENT: "", errno.ENAMETOOLONG: "",
+}
+
+
+def _os_error_message(exc: OSError) -> str:
+    what = (exc.strerror or str(exc)).rstrip(".")
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    head = f"{' -> '.join(paths)}: {what[:1].lower()}{what[1:]}" if paths else what
+    return f"{head}; {_FS_HINTS[exc.errno]}" if _FS_HINTS.get(exc.errno) else head
 
 
 def _tidy_params(cmd: Any, ctx: Any) -> None:
@@ -205,11 +232,13 @@ def train(
         _fail(str(exc))
     from teacli.data.errors import DataError
     from teacli.train.errors import Interrupted, TrainError
+    from teacli.rundir import check_run_dir_path
     from teacli.train.loop import train as run_training
 
     directory = Path(run_dir) if run_dir else Path("runs") / r.name
     main_rank = os.environ.get("RANK", "0") == "0"  # the other ranks of a launch stop with the same code, silently
     try:
+        check_run_dir_path(directory)
         path = run_training(r, directory)
     except (TrainError, DataError, RecipeError, ValueError) as exc:
         if main_rank:
@@ -306,7 +335,7 @@ def recipes_list(json_out: bool = typer.Option(False, "--json", help="Print JSON
     rows = []
     for path in discover_recipes():
         try:
-            rows.append(_recipe_row(path, load_recipe(path)))
+            rows.append(_recipe_row(path, load_recipe(path, advantage=False)))
         except RecipeError as exc:
             _fail(str(exc))
     if json_out:
@@ -439,7 +468,10 @@ def diagnose_alignment(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="HF checkpoint directory to use instead of the recipe's base policy (e.g. runs/x/checkpoints/step_000025)."),
     prompts: int = typer.Option(128, "--prompts", help="P: pool prompts (the first P of the recipe's training split)."),
     pool: int = typer.Option(512, "--pool", help="K: stored completions per pool prompt."),
-    grad_prompts: int = typer.Option(32, "--grad-prompts", help="Pool prompts whose gradients are averaged (the first ones)."),
+    grad_prompts: Optional[int] = typer.Option(
+        None, "--grad-prompts", help="Pool prompts whose gradients are averaged (the first ones; default 32, at most --prompts).",
+        show_default=False,
+    ),
     m: Optional[list[int]] = typer.Option(None, "--m", help="Rollout budgets, space-separated (--m 16 24 32) or repeated. Default: 16 24 32 48 64 96."),
     n: int = typer.Option(128, "--n", help="N of the expected-best-of-N oracle (and the rules' n_target)."),
     seeds: int = typer.Option(5, "--seeds", help="Seeds: subsamples of m rollouts per prompt."),
@@ -577,7 +609,7 @@ def judge(
         n = parse_select(select)
         config = JudgeConfig(
             model=model, base_url=base_url, concurrency=concurrency, seed=seed, timeout_s=timeout,
-            max_attempts=max_attempts, retry_invalid=retry_invalid,
+            max_attempts=max_attempts, retry_invalid=retry_invalid, api_key_env=api_key_env,
         )
         config.check()
         key = resolve_api_key(base_url, api_key_env)
@@ -667,7 +699,7 @@ def eval_bon(
             _fail(str(exc))
     if not run_dirs:
         why = "the current directory" if runs[0] == Path.cwd() else "the most recently active run under runs/"
-        typer.echo(f"no RUN_DIR given: evaluating {runs[0]} ({why})")
+        typer.echo(f"no RUN_DIR given: evaluating {runs[0]} ({why})", err=True)
     for run in runs:
         columns = (TextColumn(run.name), BarColumn(), MofNCompleteColumn(), Speed(), TimeElapsedColumn(), TimeRemainingColumn())
         try:
@@ -738,7 +770,7 @@ def report(
     try:
         runs = list(run_dirs) if run_dirs else default_report_runs(checkpoint=checkpoint)
         if not run_dirs:
-            typer.echo(f"no RUN_DIR given: reporting {', '.join(str(r) for r in runs)}")
+            typer.echo(f"no RUN_DIR given: reporting {', '.join(str(r) for r in runs)}", err=True)
         result = build_report(runs, out, baseline=baseline, pairs=pairs, resamples=bootstrap, seed=seed, split=split, M=n,
                               checkpoint=checkpoint, endpoints=ends, base_arm=base_arm, levels=bootstrap_levels)
     except ReportError as exc:
@@ -763,6 +795,7 @@ def serve_rm(
     token_env: Optional[str] = typer.Option(
         None, "--token-env", help="Environment variable holding a bearer token that every request must send (e.g. TEA_RM_TOKEN)."
     ),
+    max_body_mb: float = typer.Option(16.0, "--max-body-mb", help="Largest request body in MiB; a larger one gets HTTP 413."),
 ) -> None:
     """Serve the recipe's reward over HTTP with OpenRLHF's remote-RM API (POST /get_reward) until Ctrl-C.
 
@@ -773,7 +806,8 @@ def serve_rm(
     from teacli.rewards.server import serve
 
     try:
-        serve(load_recipe(find_recipe(recipe), set_, runnable=False), host=host, port=port, token_env=token_env)
+        serve(load_recipe(find_recipe(recipe), set_, runnable=False), host=host, port=port, token_env=token_env,
+              max_body_mb=max_body_mb)
     except (RecipeError, ValueError) as exc:
         _fail(str(exc))
 

@@ -353,9 +353,11 @@ def _yaml_loader() -> type:
     """The one YAML loader for recipes, their bases, `--set` values and run directories' recipe.yaml.
 
     A `yaml.SafeLoader` that (1) refuses a key given twice in one mapping (PyYAML keeps the last and
-    drops the first silently: two `optim:` blocks would lose a setting), and (2) reads numbers with an
+    drops the first silently: two `optim:` blocks would lose a setting), (2) reads numbers with an
     exponent as YAML 1.2 does (`1e-5`, `3E+4`); YAML 1.1 wants a dot and a signed exponent
-    (`1.0e-5`) and otherwise reads the string '1e-5'.
+    (`1.0e-5`) and otherwise reads the string '1e-5', and (3) reads only decimal numbers as numbers:
+    YAML 1.1's hexadecimal, octal, binary and base-60 forms (`0x10` = 16, `010` = 8, `1:30` = 90)
+    stay strings, so a typo is a type error naming the key instead of another number.
     """
     global _LOADER
     if _LOADER is None:
@@ -382,9 +384,16 @@ def _yaml_loader() -> type:
                         )
                 return super().construct_mapping(node, deep)
 
+        numbers = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+        RecipeLoader.yaml_implicit_resolvers = {
+            first: [(tag, rx) for tag, rx in resolvers if tag not in numbers]
+            for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+        }
+        RecipeLoader.add_implicit_resolver(numbers[0], re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
         RecipeLoader.add_implicit_resolver(
-            "tag:yaml.org,2002:float",
-            re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+            numbers[1],
+            re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*|[0-9][0-9_]*(?=[eE]))(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
             list("-+0123456789."),
         )
         _LOADER = RecipeLoader
@@ -519,7 +528,8 @@ OVERRIDE = "--set"  # the origin of a value given on the command line
 
 def parse_override(item: str) -> tuple[str, Any]:
     """'a.b=c' → ('a.b', c parsed by the recipe loader): numbers (1e-5 too), booleans, null, lists and
-    mappings read exactly as they would in a recipe file; anything else stays a string."""
+    mappings read exactly as they would in a recipe file; anything else stays a string. An empty value
+    (`a.b=`) is the empty string (`a.b=null` is none), checked like any other value."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise RecipeError(f"--set {item!r}: expected KEY=VALUE, e.g. optim.lr=3e-5")
@@ -533,6 +543,9 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], origin: dict[str, str]) -> None:
+    """Apply `--set` items in order. A mapping value merges into the section key by key, as a recipe
+    merges over its bases (`rollout={temperature: 0.7}` keeps the other rollout keys); the free-form
+    advantage.params and reward.params are replaced whole, as there."""
     for item in overrides:
         key, value = parse_override(item)
         parts = key.split(".")
@@ -541,29 +554,36 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], origin: dict[str
             if not isinstance(node.setdefault(part, {}), dict):
                 raise RecipeError(f"--set {item!r}: {part!r} is not a section")
             node = node[part]
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict) and not _is_free_dict(key):
+            _merge(node[parts[-1]], value, origin, OVERRIDE, key + ".")
+            continue
         node[parts[-1]] = value
         origin[key] = OVERRIDE
         if isinstance(value, dict):
             _mark(value, origin, OVERRIDE, key + ".")
 
 
-def load_recipe(path: str | Path, overrides: list[str] | None = None, *, runnable: bool = True) -> Recipe:
+def load_recipe(path: str | Path, overrides: list[str] | None = None, *, runnable: bool = True, advantage: bool = True) -> Recipe:
     """Load, inherit, override and validate a recipe file. `runnable=False` skips the check that it names a
-    policy and prompts (for commands that use one section only, e.g. `tea serve-rm` the reward)."""
-    recipe, _ = load_recipe_with_origin(path, overrides, runnable=runnable)
+    policy and prompts (for commands that use one section only, e.g. `tea serve-rm` the reward);
+    `advantage=False` skips running the advantage rule once (it imports torch; `tea recipes list` only lists)."""
+    recipe, _ = load_recipe_with_origin(path, overrides, runnable=runnable, advantage=advantage)
     return recipe
 
 
 def load_recipe_with_origin(
-    path: str | Path, overrides: list[str] | None = None, *, runnable: bool = True
+    path: str | Path, overrides: list[str] | None = None, *, runnable: bool = True, advantage: bool = True
 ) -> tuple[Recipe, dict[str, str]]:
     origin: dict[str, str] = {RECIPE_FILE: _display(path)}
     data = _resolve_file(Path(path), origin)
     apply_overrides(data, list(overrides or []), origin)
     recipe = build(Recipe, data, origin, "")
     if not recipe.name:
+        if "name" in data:  # written empty (e.g. `--set name=`), not left out: there is no run name to default to
+            raise RecipeError(f"name: empty{_where(origin, 'name')}; give the run a name, or leave name out to use "
+                              f"the file's ({Path(path).stem!r})")
         recipe.name = Path(path).stem
-    validate_recipe(recipe, origin, runnable=runnable)
+    validate_recipe(recipe, origin, runnable=runnable, advantage=advantage)
     return recipe, origin
 
 
@@ -590,8 +610,8 @@ RECIPE_FILE = "<recipe>"  # origin's entry for the file that was loaded (not a r
 def _source(origin: dict[str, str], key: str) -> str | None:
     """The file (or OVERRIDE) that set `key` or, failing that, its nearest parent section."""
     src = origin.get(key)
-    while src is None and "." in key:
-        key = key.rsplit(".", 1)[0]
+    while src is None and ("." in key or key.endswith("]")):
+        key = key[: key.rindex("[")] if key.endswith("]") else key.rsplit(".", 1)[0]  # a list item: its list
         src = origin.get(key)
     return src
 
@@ -622,6 +642,8 @@ def build(cls: type, data: Any, origin: dict[str, str], prefix: str) -> Any:
     unknown = [k for k in data if k not in fields]
     if unknown:
         key = f"{prefix}{unknown[0]}"
+        if key not in origin:  # a section that holds only what set it (`--set rollout.foo.bar=1`): its keys' source
+            origin = {**origin, key: next((s for k, s in origin.items() if k.startswith(key + ".")), _source(origin, key))}
         if key in REMOVED_KEYS:
             raise RecipeError(f"{key}{_where(origin, key)} {REMOVED_KEYS[key]}")
         import difflib
@@ -717,10 +739,11 @@ def _check_bounds(meta: Any, value: Any, origin: dict[str, str], key: str) -> No
 # Cross-field checks
 
 
-def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, runnable: bool = True) -> None:
+def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, runnable: bool = True, advantage: bool = True) -> None:
     """Checks that involve several fields: the advantage rule against the group size, etc."""
     origin = origin or {}
-    _check_advantage(recipe, origin)
+    if advantage:
+        _check_advantage(recipe, origin)
     r = recipe.reward
     if r.kind == "hf" and not r.name_or_path:
         raise RecipeError(f"reward.name_or_path: required when reward.kind is 'hf'{_where(origin, 'reward.kind')}")

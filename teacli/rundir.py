@@ -118,11 +118,55 @@ def exclusive(lock: Path, busy: str, error: type[Exception] = RuntimeError) -> I
         f.close()
 
 
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An OSError raised inside names `path` when it names no file itself (a failed write() or fsync()
+    does not), so the CLI's one-line error says where the disk was full or read-only."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it into place."""
+    """Write `text` (UTF-8) to a temporary file beside `path`, then rename it into place. A failed write
+    (a full disk) leaves `path` as it was and removes the temporary file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with writing(path):
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.filename == str(tmp):
+                exc.filename = str(path)  # the file the user knows
+            raise
+
+
+# What `tea train` and the other stages write into a run directory (besides hidden temporary and lock files).
+RUN_FILES = frozenset({
+    "recipe.yaml", "metrics.jsonl", "validation.jsonl", "selected.json", "data.json", "trackers.json", "ranks.jsonl",
+    "checkpoints", "eval", "judge", "tensorboard", "wandb", "tail_check_warning.txt",
+})
+
+
+def check_run_dir_path(path: Path) -> None:
+    """ValueError unless `path` can be a run directory: absent, empty, or one that holds a recipe.yaml or
+    only what tea writes. A file, or a folder of other files (a foreign metrics.jsonl would be appended
+    to), is refused before anything is written."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"run directory {path} is a file; give a directory (--run-dir)")
+    if not path.is_dir() or (path / "recipe.yaml").is_file():
+        return
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in RUN_FILES and not p.name.startswith("."))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ValueError(f"{path} holds files that tea did not write ({shown}) and no recipe.yaml: it is not a run "
+                         "directory; choose a new or empty --run-dir")
 
 
 class RunDir:
@@ -182,7 +226,7 @@ class RunDir:
 
     # -- jsonl logs -------------------------------------------------------------------------
     def append(self, path: Path, record: dict[str, Any]) -> None:
-        with open(path, "a") as f:
+        with writing(path), open(path, "a") as f:
             f.write(json.dumps(record, sort_keys=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -199,9 +243,7 @@ class RunDir:
                 continue  # a line torn by a kill
             if int(rec.get("step", 0)) <= step:
                 kept.append(line)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(k + "\n" for k in kept))
         return len(kept)
 
     def read_jsonl(self, path: Path) -> list[dict[str, Any]]:

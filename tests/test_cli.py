@@ -177,3 +177,39 @@ def test_no_progress_bar_is_drawn_before_an_input_error(tmp_path):
     (tmp_path / "b").mkdir()
     one_line_error(tea("eval-bon", str(tmp_path / "b"), check=False))
     one_line_error(tea("judge", str(tmp_path / "a"), str(tmp_path / "b"), "--select", "bo4", "--base-url", "http://127.0.0.1:9/v1", check=False))
+
+
+def test_recipes_list_imports_neither_torch_nor_scipy():
+    """Listing reads the recipes; it does not run the advantage rules (issue 22, item 16: it took 2 s)."""
+    probe = (
+        "import sys, json\nfrom typer.testing import CliRunner\nfrom teacli.cli import app\n"
+        "r = CliRunner().invoke(app, ['recipes', 'list', '--json'])\nassert r.exit_code == 0, r.output\n"
+        "assert len(json.loads(r.stdout)) > 10\n"
+        "print(sorted(m for m in ('torch', 'scipy', 'transformers') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
+
+
+
+def test_an_unwritable_run_directory_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """A permission error (an unwritable or immutable folder: EACCES, EPERM) is one `error:` line naming the
+    file tea meant to write, not its temporary name, exit 2, and no temporary file (issue 22, item 9)."""
+    import errno
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    def immutable(self, *args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+
+    run = tmp_path / "base_arm"
+    run.mkdir()
+    monkeypatch.setattr(Path, "write_text", immutable)
+    res = CliRunner().invoke(app, ["eval-bon", str(run), "--recipe", "quickstart", "--checkpoint", "base"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.stderr.strip() == (f"error: {run / 'recipe.yaml'}: operation not permitted; check its permissions and "
+                                  "attributes (e.g. lsattr: immutable), or write elsewhere")
+    assert list(run.iterdir()) == []

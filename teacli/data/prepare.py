@@ -23,6 +23,7 @@ changes the held-out set. Outputs hold no timestamps or machine paths: reruns ar
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -403,7 +404,8 @@ def _manifest(
 def _write(out: Path, files: dict[str, bytes], force: bool) -> str:
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} exists and is not a directory")
-    existing = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    own_temp = {f".{n}.tmp" for n in files}  # what an interrupted run (kill -9) can leave: overwritten below
+    existing = sorted(p.name for p in out.iterdir() if p.name not in own_temp) if out.exists() else []
     changed = [n for n in files if n in existing and (out / n).read_bytes() != files[n]]
     foreign = [n for n in existing if n not in files]
     if not changed and not foreign and all(n in existing for n in files):
@@ -416,8 +418,21 @@ def _write(out: Path, files: dict[str, bytes], force: bool) -> str:
             "pass --force to overwrite, or choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        tmp = out / f".{name}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, out / name)
+    # Every file is written aside first, then all are renamed into place: a full disk leaves the old files
+    # whole and no temporary file behind (a rerun would take one for foreign content).
+    staged = {name: out / f".{name}.tmp" for name in files}
+    try:
+        for name, data in files.items():
+            try:
+                staged[name].write_bytes(data)
+            except OSError as exc:
+                if exc.filename in (None, str(staged[name])):
+                    exc.filename = str(out / name)  # a failed write() names no file; name the one the user knows
+                raise
+        for name, tmp in staged.items():
+            os.replace(tmp, out / name)
+    finally:
+        for tmp in staged.values():
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     return "written"

@@ -5,7 +5,8 @@ messages. A row that cannot be decoded is yielded as a `BadRow` so the caller ca
 and show a sample, instead of failing the whole file (a file where every row fails is an
 error: see prepare.py). pyarrow is imported only for parquet.
 
-A `.json` file is read as one JSON array of objects (what `json.dump(rows)` and
+Text is UTF-8, with or without a byte-order mark (Excel and Notepad write one); UTF-16 and UTF-32
+files are refused by name. A `.json` file is read as one JSON array of objects (what `json.dump(rows)` and
 `Dataset.to_json(lines=False)` write) when it is one, else as JSON Lines (`Dataset.to_json`'s
 default); HF `datasets` reads both the same way.
 """
@@ -52,10 +53,36 @@ class BadRow:
 Row = dict[str, Any]
 
 
+_BOMS = (  # longest first: UTF-32's little-endian mark begins with UTF-16's
+    (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"),
+)
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def check_encoding(path: Path, head: bytes) -> None:
+    """DataError naming the file for UTF-16 or UTF-32 text (its byte-order mark, or two printable ASCII
+    characters each beside a NUL byte: UTF-16 without one); a UTF-8 byte-order mark is fine (readers skip it)."""
+    found = next((enc for mark, enc in _BOMS if head.startswith(mark)), None)
+    if found is None and len(head) >= 4:
+        for text, nul in ((head[0::2], head[1::2]), (head[1::2], head[0::2])):  # little-endian, big-endian
+            if nul == b"\0\0" and all(32 <= b < 127 for b in text):
+                found = "UTF-16"
+    if found:
+        raise DataError(f"{path.name}: {found} text; prepare-data reads UTF-8: save the file as UTF-8 "
+                        f"(e.g. iconv -f {found} -t UTF-8 {path.name})")
+
+
 def read_rows(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
     """Stream the rows of one local file; the format follows the file name."""
     check_input(path)
     name = path.name.lower()
+    if not name.endswith(".parquet"):
+        opener = gzip.open if name.endswith(".gz") else open
+        try:
+            with opener(path, "rb") as f:
+                check_encoding(path, f.read(4))
+        except (OSError, EOFError) as e:  # a truncated or non-gzip .gz
+            raise DataError(f"cannot read {path.name}: {e}") from None
     if name.endswith(".json"):
         return _read_json(path)
     if name.endswith((".jsonl", ".jsonl.gz")):
@@ -93,6 +120,8 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
         with opener(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
                 where = f"{path.name}:{lineno}"
+                if lineno == 1:
+                    raw = raw.removeprefix(UTF8_BOM)
                 if not raw.strip():
                     continue
                 row, why = _decode_json(raw.rstrip(b"\r\n"))
@@ -107,7 +136,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
 
 
 def _read_json(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
-    data = path.read_bytes()
+    data = path.read_bytes().removeprefix(UTF8_BOM)
     if not data.lstrip().startswith(b"["):
         yield from _read_jsonl(path)
         return
@@ -139,7 +168,7 @@ def _read_parquet(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
 
 
 def _read_csv(path: Path) -> Iterator[tuple[str, Row | BadRow]]:
-    data = path.read_bytes()
+    data = path.read_bytes().removeprefix(UTF8_BOM)  # else the first column is named '\ufeffprompt'
     try:
         text, lossy = data.decode("utf-8"), False
     except UnicodeDecodeError:

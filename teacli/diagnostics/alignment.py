@@ -341,7 +341,7 @@ class Settings:
     checkpoint: Path | None = None
     prompts: int = DEFAULT_PROMPTS
     pool: int = DEFAULT_POOL
-    grad_prompts: int = DEFAULT_GRAD_PROMPTS
+    grad_prompts: int | None = None  # None: DEFAULT_GRAD_PROMPTS, at most `prompts`
     ms: tuple[int, ...] = DEFAULT_MS
     N: int = DEFAULT_N
     seeds: int = DEFAULT_SEEDS
@@ -350,6 +350,10 @@ class Settings:
     split: str | None = None
     grad_batch_size: int = 8
     grad_memory_gib: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.grad_prompts is None:
+            self.grad_prompts = min(DEFAULT_GRAD_PROMPTS, self.prompts)
 
     def check(self) -> None:
         for flag, value in (("--prompts", self.prompts), ("--pool", self.pool), ("--grad-prompts", self.grad_prompts),

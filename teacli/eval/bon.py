@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from teacli.eval.stats import grouped_bon, powers_of_two_dividing
-from teacli.rundir import exclusive
+from teacli.rundir import exclusive, write_text_atomic, writing
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
@@ -198,7 +198,7 @@ def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
 def append_records(path: Path, records: Sequence[dict[str, Any]]) -> None:
     """Append records in one write, then flush and fsync (a kill leaves at most one torn line)."""
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    with open(path, "a", encoding="utf-8") as f:
+    with writing(path), open(path, "a", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -236,9 +236,7 @@ def bon_summary(rewards: "Any", prompt_ids: Sequence[str], split: str, M: int, c
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,7 +260,6 @@ def init_base_arm(run: Path, recipe: str) -> Path:
     recipe.yaml, as `tea train` writes it, and nothing else. A study's base arm (the untrained policy
     evaluated as an arm) lives there. An existing recipe.yaml must be the same recipe. Returns the file."""
     from teacli.config import RecipeError, find_recipe, load_recipe, to_yaml
-    from teacli.rundir import write_text_atomic
 
     try:
         resolved = to_yaml(load_recipe(find_recipe(recipe)))
@@ -314,12 +311,26 @@ def evaluate(
     if M < 1:
         raise EvalError(f"--n: M must be >= 1, got {M}")
     ckpt = resolve_checkpoint(run, checkpoint, validation=recipe.validation.enabled)
+    prompts = _split_prompts(recipe, split, data_dir)  # a wrong --split fails before anything is created
     files = EvalFiles.of(ckpt.eval_dir, split, M)
     settings = _settings(recipe, run, ckpt, split, M, overrides)
     ckpt.eval_dir.mkdir(parents=True, exist_ok=True)
     busy = f"another `tea eval-bon` is writing {ckpt.eval_dir} (lock {files.lock.name}); wait for it to finish"
     with exclusive(files.lock, busy, EvalError):
-        return _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, progress, log)
+        return _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, prompts, progress, log)
+
+
+def _split_prompts(recipe: "Recipe", split: str, data_dir: str | None) -> list:
+    from teacli.data.errors import DataError
+    from teacli.data.load import load_split
+
+    try:
+        prompts = load_split(data_dir or recipe.data.dir, split)
+    except DataError as exc:
+        raise EvalError(f"{exc} (the run's data.dir; pass --data-dir where the data lives elsewhere)") from None
+    if len({p.id for p in prompts}) != len(prompts):
+        raise EvalError(f"split {split!r} holds duplicate prompt ids")
+    return prompts
 
 
 def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str]) -> dict[str, Any]:
@@ -360,24 +371,16 @@ def _check_settings(files: EvalFiles, settings: dict[str, Any], log: Callable[[s
         log(f"note: {', '.join(changed)} changed since the evaluation started; new samples use another random stream")
 
 
-def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, progress, log) -> EvalResult:
+def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, prompts, progress, log) -> EvalResult:
     import torch
 
     from teacli import models
-    from teacli.data.errors import DataError
-    from teacli.data.load import load_split
     from teacli.rewards import build_reward, checked_score
     from teacli.rollout.base import sampling_from
     from teacli.rollout.factory import build_engine
 
     t_start = time.perf_counter()
     _check_settings(files, settings, log)
-    try:
-        prompts = load_split(data_dir or recipe.data.dir, split)
-    except DataError as exc:
-        raise EvalError(f"{exc} (the run's data.dir; pass --data-dir where the data lives elsewhere)") from None
-    if len({p.id for p in prompts}) != len(prompts):
-        raise EvalError(f"split {split!r} holds duplicate prompt ids")
 
     policy_cfg = recipe.policy
     if ckpt.path is not None:  # an HF checkpoint with its tokenizer; LoRA adapters were merged on save
@@ -409,9 +412,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
                 "evaluate with the same data, or move the eval files away"
             )
     else:
-        tmp = files.prompts.with_name(f".{files.prompts.name}.tmp")
-        tmp.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in prompt_lines))
-        os.replace(tmp, files.prompts)
+        write_text_atomic(files.prompts, "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in prompt_lines))
     if not files.settings.exists():
         _write_json_atomic(files.settings, settings)
 

@@ -20,7 +20,8 @@ Files (RUN_A = self, RUN_B = other; docs/judge.md):
   RUN_A/judge/<RUN_B name>-bo<N>.jsonl  one record per judged pair, rewritten in prompt order at the end;
                                         appended as verdicts arrive, so an interrupted run resumes.
   RUN_A/judge/.cache.jsonl             {"key", "model", "content"}: raw judge replies that parsed, keyed by
-                                        sha256 of (model, messages, sampling parameters); reruns cost nothing.
+                                        sha256 of (endpoint URL, model, messages, sampling parameters);
+                                        reruns cost nothing.
   RUN_A/judge/.<RUN_B name>-bo<N>.lock  held while a judge writes that file: a second one stops at once.
 Only finished evaluations are judged (`<split>-M<M>.bon.json` beside the records, as `tea report` reads them).
 The API key is sent in the Authorization header only; it is never written to a record, the cache or a log.
@@ -143,6 +144,8 @@ class JudgeConfig:
     """Room for the reply; DeepSeek-v4 Pro thinks by default and its reasoning counts against this."""
     retry_invalid: bool = False
     """Judge again the pairs whose existing record is invalid (valid ones are always kept)."""
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    """The environment variable the API key was read from (`--api-key-env`), named when the endpoint answers 401/403."""
 
     def check(self) -> None:
         if self.concurrency < 1:
@@ -302,9 +305,12 @@ def request_body(config: JudgeConfig, messages: list[dict]) -> dict:
     return {"model": config.model, "messages": messages, "temperature": config.temperature, "max_tokens": config.max_tokens}
 
 
-def cache_key(body: Mapping[str, Any]) -> str:
-    """sha256 of the request body (model, messages, sampling parameters); holds no secret."""
-    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+def cache_key(body: Mapping[str, Any], base_url: Optional[str] = None) -> str:
+    """sha256 of the request body (model, messages, sampling parameters): a record's `cache_key`, which
+    pair it judged. With `base_url`, of the endpoint too: the reply cache's key, so that two servers that
+    serve the same model name never share verdicts. Holds no secret."""
+    keyed = body if base_url is None else {"url": completions_url(base_url), "body": body}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
@@ -528,9 +534,9 @@ def judge_runs(
             "prompt_id": pid, "first": first, "model": config.model, "seed": config.seed, "split": split,
             "select": select, "other_run": other_name, "self_file": file_a.name, "other_file": file_b.name,
             "self_sample": a.sample, "other_sample": b.sample, "self_reward": a.reward, "other_reward": b.reward,
-            "cache_key": cache_key(body),
+            "cache_key": cache_key(body), "base_url": config.base_url,
         }
-        pairs.append(_Pair(pid, first, body, base["cache_key"], base))
+        pairs.append(_Pair(pid, first, body, cache_key(body, config.base_url), base))
 
     out_dir = run_a / "judge"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -581,7 +587,7 @@ def _write_records(path: Path, records: Iterable[dict], order: Mapping[str, int]
 
 def _existing_records(path: Path, pairs: list[_Pair], config: JudgeConfig, split: str, select: str) -> dict[str, dict]:
     """Records already in the output file that stay (all valid ones; invalid ones unless retry_invalid)."""
-    expected = {p.prompt_id: p.key for p in pairs}
+    expected = {p.prompt_id: p.base["cache_key"] for p in pairs}
     kept: dict[str, dict] = {}
     stale = 0
     for r in _read_jsonl(path):
@@ -593,6 +599,11 @@ def _existing_records(path: Path, pairs: list[_Pair], config: JudgeConfig, split
             raise JudgeError(
                 f"{path} holds verdicts of model {setting[0]}, seed {setting[1]}, split {setting[2]}, {setting[3]}; "
                 f"this call asks for model {config.model}, seed {config.seed}, split {split}, {select}. "
+                f"Move or delete that file to judge afresh."
+            )
+        if r.get("base_url", config.base_url) != config.base_url:  # records of older versions do not say
+            raise JudgeError(
+                f"{path} holds verdicts of model {config.model} at {r['base_url']}; this call asks {config.base_url}. "
                 f"Move or delete that file to judge afresh."
             )
         stale += pid in expected and r.get("cache_key") != expected[pid]
@@ -694,7 +705,10 @@ async def _judge_pair(ctx: _Context, pair: _Pair) -> dict:
                 error = f"HTTP {resp.status_code}"
                 retry_after = _retry_after(resp.headers.get("retry-after"))
             else:
-                hint = " (check the API key variable)" if resp.status_code in (401, 403) else ""
+                hint = ""
+                if resp.status_code in (401, 403):
+                    key = f"check the API key in ${config.api_key_env}" if ctx.api_key else f"no API key was sent: ${config.api_key_env} is not set"
+                    hint = f" ({key}; --api-key-env names another variable)"
                 raise JudgeError(
                     ctx.redact(f"{ctx.url} answered HTTP {resp.status_code}{hint}: {resp.text[:300].strip()}")
                 )

@@ -62,6 +62,7 @@ from teacli.report.read import (  # noqa: F401  (re-exported: the report's readi
     read_records,
     run_names,
 )
+from teacli.rundir import writing
 
 MANIFEST = ".tea-report"
 
@@ -493,9 +494,10 @@ def build_report(
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would follow the directory into place
     try:
-        written = write_outputs(rep, tabs, staging, plots, reward_distributions(rep, runs, checkpoint) if plots else None)
-        (staging / MANIFEST).write_text(json.dumps({"files": sorted(p.name for p in written)}, indent=1) + "\n")
-        _publish(staging, out.resolve())
+        with writing(out):  # a failed write names no file; the CLI's error then names --out
+            written = write_outputs(rep, tabs, staging, plots, reward_distributions(rep, runs, checkpoint) if plots else None)
+            (staging / MANIFEST).write_text(json.dumps({"files": sorted(p.name for p in written)}, indent=1) + "\n")
+            _publish(staging, out.resolve())
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -20,7 +20,9 @@ Which fields are scored:
 
 The reward runs under one lock (a GPU reward model scores one batch at a time; requests queue) in
 a worker thread, so /health answers while a batch is scored. Errors are JSON {"error": ...}: a
-malformed request is 400, a missing or wrong bearer token 401, a reward that rejects its input or
+malformed request is 400 (a body nested too deeply for the JSON decoder too), a body over
+`--max-body-mb` (default 16 MiB) 413, read no further than the limit, a missing or wrong bearer
+token 401, a reward that rejects its input or
 returns NaN/inf (ValueError, checked as in training) 422, any other failure of the reward 500, which
 tea's client retries. One line per request goes to stderr. Starlette and uvicorn (the `serve`
 extra) were chosen over the standard library's http.server, which Python's documentation does not
@@ -126,8 +128,32 @@ def score_request(reward: RewardFunction, body: Any) -> list[float]:
     return [float(x) for x in checked_score(reward, prompts, responses)]
 
 
-def build_app(reward: RewardFunction, token: str | None = None, label: str = "reward"):
+DEFAULT_MAX_BODY_MB = 16.0
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(request, limit: int) -> bytes:
+    """The request body, read chunk by chunk: _TooLarge as soon as it passes `limit` bytes (or declares
+    more in Content-Length), so an oversized body is never held in memory whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(reward: RewardFunction, token: str | None = None, label: str = "reward", max_body_mb: float = DEFAULT_MAX_BODY_MB):
     """The Starlette application of the module docstring around one reward object."""
+    import json
+
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
@@ -136,9 +162,14 @@ def build_app(reward: RewardFunction, token: str | None = None, label: str = "re
 
     lock = threading.Lock()
 
+    limit = int(max_body_mb * 2**20)
+
     def locked_score(body: Any) -> list[float]:
         with lock:
-            return score_request(reward, body)
+            try:
+                return score_request(reward, body)
+            except RecursionError:  # labels nested deeper than the reward walks
+                raise BadRequest("the body is nested too deeply") from None
 
     async def get_reward(request: Request) -> JSONResponse:
         t0 = time.perf_counter()
@@ -147,7 +178,11 @@ def build_app(reward: RewardFunction, token: str | None = None, label: str = "re
             status, payload = 401, {"error": "missing or wrong bearer token (Authorization: Bearer ...)"}
         else:
             try:
-                body = await request.json()
+                body = json.loads(await _read_body(request, limit))
+            except _TooLarge:
+                body, status, payload = None, 413, {"error": f"the body is larger than {max_body_mb:g} MiB (tea serve-rm --max-body-mb)"}
+            except RecursionError:  # json's decoder recurses once per nesting level
+                body, status, payload = None, 400, {"error": "the body is not JSON this server reads: nested too deeply"}
             except ValueError as exc:
                 body, status, payload = None, 400, {"error": f"the body is not JSON: {exc}"}
             if status == 200:
@@ -188,8 +223,10 @@ def reward_label(recipe: "Recipe") -> str:
 
 
 def serve(recipe: "Recipe", host: str = "127.0.0.1", port: int = 5000, token_env: str | None = None,
-          environ: Mapping[str, str] = os.environ) -> None:
+          environ: Mapping[str, str] = os.environ, max_body_mb: float = DEFAULT_MAX_BODY_MB) -> None:
     """Serve `recipe.reward` until Ctrl-C (SIGINT) or SIGTERM. ValueError for bad options, naming them."""
+    if not max_body_mb > 0:
+        raise ValueError(f"--max-body-mb must be > 0, got {max_body_mb:g}")
     if recipe.reward.kind == "remote":
         raise ValueError("reward.kind is 'remote': tea serve-rm serves a local reward (hf, rule or python); "
                          "give it the recipe whose reward section names the model or function")
@@ -214,7 +251,7 @@ def serve(recipe: "Recipe", host: str = "127.0.0.1", port: int = 5000, token_env
             log.warning("warning: listening on %s without --token-env: anyone who reaches port %d can use this reward", host, port)
         label = reward_label(recipe)
         reward = build_reward(recipe.reward)  # an hf reward model goes to reward.device, 'auto' = CUDA if present
-        server = uvicorn.Server(uvicorn.Config(build_app(reward, token, label), log_level="warning", access_log=False, lifespan="off"))
+        server = uvicorn.Server(uvicorn.Config(build_app(reward, token, label, max_body_mb), log_level="warning", access_log=False, lifespan="off"))
         shown = f"[{host}]" if ":" in host else host
         log.info("serving reward %s at http://%s:%d/get_reward%s (Ctrl-C stops)", label, shown, sock.getsockname()[1],
                  " (bearer token required)" if token else "")

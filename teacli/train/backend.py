@@ -11,8 +11,10 @@ wrappers (plain bf16 AdamW updates fall below bf16 resolution at RL learning rat
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -34,6 +36,36 @@ class World:
         return self.rank == 0
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send whatever is written to file descriptor 1 inside the block to stderr: DeepSpeed prints its
+    notes on stdout (`print`, its ops' compiler output), and stdout holds results only (docs/cli.md)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _deepspeed():
+    """deepspeed, imported with its output on stderr: the accelerator note it logs at import, and its
+    logger's handler, which it points at stdout, moved to stderr for the rest of the process."""
+    if "deepspeed" not in sys.modules:
+        with _stdout_to_stderr():
+            import deepspeed  # noqa: F401
+    import deepspeed
+    from deepspeed.utils import logger
+
+    for handler in logger.handlers:
+        if type(handler) is logging.StreamHandler and handler.stream is not sys.stderr:  # not a test runner's capture
+            handler.setStream(sys.stderr)
+    return deepspeed
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -42,7 +74,6 @@ def _free_port() -> int:
 
 def init_world() -> World:
     """Initialise torch.distributed through DeepSpeed (a one-process group when not launched)."""
-    import deepspeed
     import torch
     import torch.distributed as dist
 
@@ -58,8 +89,10 @@ def init_world() -> World:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    deepspeed = _deepspeed()
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
+        with _stdout_to_stderr():  # "... built successfully" of its communication op
+            deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
     return World(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
 
 
@@ -154,24 +187,26 @@ def deepspeed_config(recipe: "Recipe", world: World, grad_accum: int, precision:
 
 def build_engine(model, recipe: "Recipe", world: World, grad_accum: int, precision: str):
     """Wrap the policy in a DeepSpeed engine with AdamW and the recipe's schedule."""
-    import deepspeed
     import torch
+
+    deepspeed = _deepspeed()
 
     o = recipe.optim
     params = [p for p in model.parameters() if p.requires_grad]
-    if recipe.backend.offload_optimizer:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
+    with _stdout_to_stderr():  # building or loading an op (CPU Adam) prints on stdout
+        if recipe.backend.offload_optimizer:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        optimizer = DeepSpeedCPUAdam(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_schedule(o.scheduler, o.warmup_steps, o.steps))
-    engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=scheduler,
-        config=deepspeed_config(recipe, world, grad_accum, precision),
-    )
+            optimizer = DeepSpeedCPUAdam(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_schedule(o.scheduler, o.warmup_steps, o.steps))
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=deepspeed_config(recipe, world, grad_accum, precision),
+        )
     return engine
 
 
@@ -218,7 +253,7 @@ def gathered_parameters(model, zero_stage: int) -> Iterator[None]:
     if zero_stage != 3:
         yield
         return
-    import deepspeed
+    deepspeed = _deepspeed()
 
     with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
         yield
@@ -237,7 +272,7 @@ def generation_weights(engine, zero_stage: int) -> Iterator[None]:
     if zero_stage != 3:
         yield
         return
-    import deepspeed
+    deepspeed = _deepspeed()
 
     offload = getattr(engine.optimizer, "parameter_offload", None) or engine.optimizer
     params = list(engine.module.parameters())
@@ -263,7 +298,7 @@ def named_weights(model, zero_stage: int) -> Iterator[tuple[str, "torch.Tensor"]
         for name, p in model.named_parameters():
             yield name, p.detach()
         return
-    import deepspeed
+    deepspeed = _deepspeed()
 
     for name, p in model.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
@@ -286,9 +321,20 @@ def save_engine_state(engine, directory: str, tag: str) -> None:
 
 
 def load_engine_state(engine, directory: str, tag: str) -> None:
-    path, _ = engine.load_checkpoint(directory, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    """Restore what save_engine_state wrote; ValueError naming the folder when it is missing or damaged
+    (DeepSpeed itself fails with a bare AssertionError or an unpickling error)."""
+    import pickle
+
+    state = os.path.join(directory, tag)
+    if not os.path.isdir(state) or not os.listdir(state):
+        raise ValueError(f"the trainer state {state} is missing")
+    try:
+        path, _ = engine.load_checkpoint(directory, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    except (AssertionError, RuntimeError, EOFError, OSError, KeyError, ValueError, pickle.UnpicklingError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"the trainer state in {state} cannot be read (damaged or truncated?): {type(exc).__name__}: {first}") from None
     if path is None:
-        raise RuntimeError(f"could not load the trainer state {tag!r} from {directory}")
+        raise ValueError(f"could not load the trainer state {tag!r} from {directory}")
 
 
 def barrier() -> None:

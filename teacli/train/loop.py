@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teacli.rundir import RunDir, step_dir_name, write_text_atomic
+from teacli.rundir import RunDir, step_dir_name, write_text_atomic, writing
 from teacli.train.checkpoint import save_hf_model
 from teacli.train.errors import Interrupted, TrainError
 from teacli.train.resume import Start, check_run_dir, commit_run_dir, on_rank0, run_lock, say
@@ -400,18 +401,41 @@ def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, ex
 
     tmp = run.tmp_checkpoint(step)
     if world.is_main:
-        tmp.mkdir(parents=True, exist_ok=True)
+        with writing(tmp):
+            tmp.mkdir(parents=True, exist_ok=True)
     backend.barrier()
     state = backend.full_state_dict(engine.module, recipe.backend.zero_stage, world.is_main)
-    backend.save_engine_state(engine, str(tmp / "trainer"), tag="state")
-    if world.is_main:
-        save_hf_model(engine.module, state, tokenizer, tmp, recipe.policy.lora.enabled)
-        (tmp / "recipe.yaml").write_text(to_yaml(recipe))
-        torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
-        write_text_atomic(tmp / "trainer_state.json", json.dumps({"step": step, **extra_state}, indent=2))
-        run.commit_checkpoint(step)
+    try:
+        with writing(tmp):
+            backend.save_engine_state(engine, str(tmp / "trainer"), tag="state")
+            if world.is_main:
+                save_hf_model(engine.module, state, tokenizer, tmp, recipe.policy.lora.enabled)
+                (tmp / "recipe.yaml").write_text(to_yaml(recipe))
+                torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+                write_text_atomic(tmp / "trainer_state.json", json.dumps({"step": step, **extra_state}, indent=2))
+                run.commit_checkpoint(step)
+    except Exception as exc:
+        # A full disk fails torch.save and safetensors with their own errors (not OSError); either way the
+        # half-written checkpoint goes now (it would hold the space), and the run keeps its last complete one.
+        if world.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) or not _is_write_error(exc):
+            raise
+        free = shutil.disk_usage(run.path).free / 2**20
+        raise TrainError(
+            f"writing checkpoint {tmp.name.removeprefix('.tmp_')} into {run.checkpoints} failed ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); {free:,.0f} MiB free on that disk. The partial "
+            f"checkpoint was removed: free space and run the same command to resume from the last complete checkpoint"
+        ) from None
     backend.barrier()
     return run.checkpoints / step_dir_name(step)
+
+
+def _is_write_error(exc: Exception) -> bool:
+    """torch.save's and safetensors' failures to write a file (a full disk gives 'unexpected pos' or 'os error 28')."""
+    return type(exc).__name__ == "SafetensorError" or isinstance(exc, RuntimeError) and any(
+        s in str(exc) for s in ("PytorchStreamWriter", "inline_container", "unexpected pos", "file write failed")
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -473,8 +497,12 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     start, position = resume.step, 0
     if resume.checkpoint is not None:
         path = resume.checkpoint
-        backend.load_engine_state(engine, str(path / "trainer"), tag="state")
-        rng = torch.load(path / "rng.pt", weights_only=False)
+        try:
+            backend.load_engine_state(engine, str(path / "trainer"), tag="state")
+            rng = torch.load(path / "rng.pt", weights_only=False)
+        except (ValueError, RuntimeError, EOFError, OSError) as exc:
+            raise TrainError(f"cannot resume from {path}: {exc}; move that checkpoint out of {run.checkpoints} to resume "
+                             f"from the one before it, or start over in a new --run-dir") from None
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         state = json.loads((path / "trainer_state.json").read_text()) if (path / "trainer_state.json").exists() else {}

@@ -72,3 +72,39 @@ def test_cli_unreadable_input_is_one_line_on_stderr(tmp_path):
         assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(message), proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_full_disk_or_a_read_only_out_is_one_line_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    """ENOSPC on the third file: exit 2, one `error:` line naming the file, the earlier splits whole (no
+    mix of old and new files) and no temporary file, so the rerun is not refused for foreign content
+    ('.val.jsonl.tmp is not a prepare-data file'). A read-only --out is one line too (issue 22, item 9)."""
+    import errno
+
+    out = tmp_path / "data"
+    assert CliRunner().invoke(app, ["prepare-data", "builtin", "--out", str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, calls = Path.write_bytes, []
+
+    def fills_up(self, data):
+        calls.append(self.name)
+        if len(calls) == 3:
+            real(self, data[: len(data) // 2])  # what a full disk leaves: part of the file
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", fills_up)
+    res = CliRunner().invoke(app, ["prepare-data", "builtin", "--out", str(out), "--seed", "5", "--force"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out / calls[2].strip('.').removesuffix('.tmp')}: no space left on device")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing replaced, no temporary file
+    monkeypatch.setattr(Path, "write_bytes", real)
+    again = CliRunner().invoke(app, ["prepare-data", "builtin", "--out", str(out), "--seed", "5", "--force"])
+    assert again.exit_code == 0, again.output
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    res = CliRunner().invoke(app, ["prepare-data", "builtin", "--out", str(tmp_path / "new")])
+    assert res.exit_code == 2 and res.stderr.strip() == f"error: {tmp_path / 'new'}: read-only file system; write elsewhere"

@@ -188,3 +188,33 @@ def test_empty_files_directories_and_zero_val_size_are_refused_before_reading(tm
     with pytest.raises(DataError, match=r"--train-size must be positive, got 0"):
         prepare("files", tmp_path / "out", inputs=[good], train_size=0, val_size=2, heldout_size=2)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".json", ".csv"])
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path, suffix):
+    """Excel and Notepad write a BOM: the first JSONL row must not be lost ("Unexpected UTF-8 BOM") nor the
+    CSV's first column renamed '\\ufeffprompt' (issue 22, item 14)."""
+    import gzip
+
+    prompts = [f"Question {i}?" for i in range(6)]
+    if suffix == ".csv":
+        text = "prompt\n" + "".join(f"{p}\n" for p in prompts)
+    elif suffix == ".json":
+        text = json.dumps([{"prompt": p} for p in prompts])
+    else:
+        text = "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+    data = "\ufeff".encode() + text.encode()
+    src = tmp_path / f"bom{suffix}"
+    src.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    s = prepare("files", tmp_path / "out", inputs=[src], train_size=4, val_size=1, heldout_size=1)
+    assert s.manifest["filters"]["eligible"] == 6 and s.bad_samples == ()
+    assert sorted(r["messages"][0]["content"] for r in read_records(tmp_path / "out", "train", "val", "heldout")) == prompts
+
+
+@pytest.mark.parametrize("encoding, shown", [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_utf16_and_utf32_files_are_refused_by_name_and_encoding(tmp_path, encoding, shown, suffix):
+    src = tmp_path / f"wide{suffix}"
+    src.write_bytes(("prompt\nHello?\n" if suffix == ".csv" else '{"prompt": "Hello?"}\n').encode(encoding))
+    with pytest.raises(DataError, match=rf"^wide{suffix}: {shown} text; prepare-data reads UTF-8: save the file as UTF-8"):
+        prepare("files", tmp_path / "out", inputs=[src], train_size=1, val_size=1, heldout_size=0)

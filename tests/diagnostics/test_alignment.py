@@ -162,3 +162,16 @@ def test_cli_bad_input(tiny, tmp_path, extra, message):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tea_env(tiny), timeout=600)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 or "error:" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_grad_prompts_defaults_to_at_most_prompts():
+    """`--prompts 8` alone was refused ("--grad-prompts 32: larger than --prompts 8") (issue 22, item 16)."""
+    from teacli.config import Recipe
+
+    small = AL.Settings(recipe=Recipe(), out=Path("unused"), prompts=8)
+    small.check()
+    assert small.grad_prompts == 8
+    assert AL.Settings(recipe=Recipe(), out=Path("unused")).grad_prompts == AL.DEFAULT_GRAD_PROMPTS == 32
+    assert AL.Settings(recipe=Recipe(), out=Path("unused"), prompts=8, grad_prompts=4).grad_prompts == 4
+    with pytest.raises(AL.AlignmentError, match="--grad-prompts 9: larger than --prompts 8"):
+        AL.Settings(recipe=Recipe(), out=Path("unused"), prompts=8, grad_prompts=9).check()

@@ -214,3 +214,48 @@ def test_default_run_is_the_current_or_most_recent(tmp_path):
     assert default_run_dir(tmp_path / "runs" / "new") == tmp_path / "runs" / "new"
     help_text = " ".join(tea("eval-bon", "--help").output.replace("│", " ").split())
     assert "most recently active run under runs/" in help_text
+
+
+# -- issue 22: items 9, 12 and 16 --------------------------------------------------------------------
+
+
+def test_a_full_disk_is_one_line_naming_the_records_and_the_rerun_resumes(evaluated, tmp_path, monkeypatch):
+    """ENOSPC on the second append: exit 2, one `error:` line naming the records file (a failed write names
+    no file itself), only whole records on disk, no temporary file; the rerun completes the evaluation."""
+    import errno
+
+    from teacli.eval import bon
+
+    run = tmp_path / "full_run"
+    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
+    records = run / "eval" / f"{SPLIT}-M{M}.jsonl"
+    real, appends = bon.os.fsync, []
+
+    def fills_up(fd):
+        appends.append(fd)
+        if len(appends) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(bon.os, "fsync", fills_up)
+    res = tea("eval-bon", str(run))
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert res.stderr.strip().splitlines()[-1] == (f"error: {records}: no space left on device; free space there (or write "
+                                                   "elsewhere) and run the command again")
+    assert res.stdout == ""
+    assert len(read_jsonl(records)) % M == 0 and not list(run.rglob("*.tmp"))
+    monkeypatch.setattr(bon.os, "fsync", real)
+    res = tea("eval-bon", str(run))
+    assert res.exit_code == 0, res.output
+    assert len(read_jsonl(records)) == 5 * M
+
+
+def test_an_unknown_split_creates_nothing_and_the_default_run_note_goes_to_stderr(evaluated):
+    before = sorted(p.relative_to(evaluated) for p in evaluated.rglob("*"))
+    res = tea("eval-bon", str(evaluated), "--split", "nosuch")
+    assert res.exit_code == 2 and "nosuch" in res.stderr
+    assert sorted(p.relative_to(evaluated) for p in evaluated.rglob("*")) == before  # no lock file, no eval dir
+
+    res = tea("eval-bon", cwd=evaluated)  # no RUN_DIR: the current directory, already evaluated
+    assert res.exit_code == 0, res.output
+    assert "no RUN_DIR given" in res.stderr and "no RUN_DIR given" not in res.stdout

@@ -525,3 +525,32 @@ def test_cli_defaults_are_the_library_defaults():
         J.DEFAULT_MODEL, J.DEFAULT_BASE_URL, J.DEFAULT_API_KEY_ENV, J.DEFAULT_SPLIT)
     assert (defaults["concurrency"], defaults["seed"], defaults["timeout"], defaults["max_attempts"]) == (
         config.concurrency, config.seed, config.timeout_s, config.max_attempts)
+
+
+def test_verdicts_are_never_reused_across_endpoints(tmp_path, server):
+    """Two servers that serve the same model name are two judges: the cache is keyed by the endpoint
+    too, and a records file made at one endpoint is not resumed at another (issue 22, item 15)."""
+    run_a, run_b, expected = make_pair(tmp_path, ["normal"] * 4)
+    first = J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url))
+    assert len(server.requests) == 4 and {r["base_url"] for r in read(first.path)} == {server.url}
+    other = JudgeServer()
+    try:
+        with pytest.raises(J.JudgeError, match=rf"holds verdicts of model judge-test at {server.url}; this call asks {other.url}"):
+            J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(other.url))
+        first.path.unlink()  # the cache alone must not answer for the other endpoint either
+        second = J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(other.url))
+        assert len(other.requests) == 4 and second.cache_hits == 0 and second.requests == 4
+    finally:
+        other.close()
+    first.path.unlink()
+    again = J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url))  # the first endpoint's replies are cached
+    assert again.cache_hits == 4 and len(server.requests) == 4
+
+
+def test_401_names_the_api_key_variable(tmp_path, server):
+    run_a, run_b, _ = make_pair(tmp_path, ["normal"] * 2)
+    server.override = lambda pid, scenario, attempt: (401, {}, b'{"error": "bad key"}', 0.0, False)
+    with pytest.raises(J.JudgeError, match=r"HTTP 401 \(check the API key in \$MY_JUDGE_KEY; --api-key-env names another variable\)"):
+        J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, api_key_env="MY_JUDGE_KEY"), api_key=KEY)
+    with pytest.raises(J.JudgeError, match=r"HTTP 401 \(no API key was sent: \$MY_JUDGE_KEY is not set"):
+        J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, api_key_env="MY_JUDGE_KEY"))

@@ -174,3 +174,24 @@ def test_out_that_is_a_file_or_a_foreign_directory_is_refused(two, tmp_path):
     (out / "my_notes.md").write_text("mine")  # a user's file inside an earlier report
     assert "holds my_notes.md, which the earlier report there did not write" in error_line(report(*two, "--out", out))
     assert (out / "my_notes.md").read_text() == "mine"
+
+
+def test_a_full_disk_is_one_line_naming_out_and_the_earlier_report_stays(two, tmp_path, monkeypatch):
+    """ENOSPC while writing (a failed write() names no file): one `error:` line naming --out, exit 2,
+    the earlier report whole and no staging directory left (issue 22, item 9)."""
+    import errno
+
+    from teacli.report import plots
+
+    out = tmp_path / "r"
+    assert report(*two, "--out", out).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(plots, "plot_delta", full)
+    line = error_line(report(*two, "--out", out, "--baseline", "tea"))
+    assert line == f"error: {out}: no space left on device; free space there (or write elsewhere) and run the command again"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r", "runs"]

@@ -170,3 +170,55 @@ def test_serve_rm_bad_options_are_one_line_errors(tmp_path, content, extra, env,
                           capture_output=True, text=True, env=tea_env(tmp_path, **env), timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_deep_nesting_is_400_and_an_oversized_body_is_413_unread():
+    """A body nested 200,000 deep made json recurse out (500, RecursionError); a body over --max-body-mb
+    is refused as soon as it passes the limit, whether or not it declares its length (issue 22, item 10)."""
+    from starlette.testclient import TestClient
+
+    deep = b'{"responses": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with TestClient(build_app(FunctionReward(length_reward), max_body_mb=8)) as c:
+        r = c.post("/get_reward", content=deep)
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
+        assert c.post("/get_reward", json=TEA_BODY).status_code == 200
+
+    def chunks():  # no Content-Length: chunked transfer, 64 KiB at a time
+        for _ in range(64):
+            yield b" " * 65536
+
+    with TestClient(build_app(FunctionReward(length_reward), max_body_mb=0.25)) as c:
+        r = c.post("/get_reward", content=b" " * (2**20))  # declares 1 MiB
+        assert r.status_code == 413 and "larger than 0.25 MiB (tea serve-rm --max-body-mb)" in r.json()["error"]
+        assert c.post("/get_reward", content=chunks()).status_code == 413
+        assert c.post("/get_reward", json=TEA_BODY).status_code == 200  # small bodies still pass
+
+
+def test_an_oversized_body_is_not_read_past_the_limit():
+    """The test client buffers a streamed body itself, so the server's reader is driven directly: it
+    stops at the first chunk past the limit, having held at most the limit plus one chunk."""
+    import asyncio
+
+    from teacli.rewards import server
+
+    pulled = []
+
+    class Streamed:
+        headers: dict = {}  # no Content-Length
+
+        async def stream(self):
+            for _ in range(1000):
+                pulled.append(65536)
+                yield b" " * 65536
+
+    with pytest.raises(server._TooLarge):
+        asyncio.run(server._read_body(Streamed(), limit=2**20))
+    assert len(pulled) == 2**20 // 65536 + 1
+
+
+def test_max_body_mb_must_be_positive(tmp_path):
+    recipe = tmp_path / "rm.yaml"
+    recipe.write_text("reward: {kind: python, function: rewards_for_tests:length_reward}\n")
+    proc = subprocess.run([sys.executable, "-m", "teacli.cli", "serve-rm", str(recipe), "--max-body-mb", "0"],
+                          capture_output=True, text=True, env=tea_env(tmp_path), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --max-body-mb must be > 0, got 0"

@@ -9,7 +9,6 @@ the real `tea train` on data with over-length prompts.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,19 +40,6 @@ def test_micro_batches_are_exactly_n_sorted_and_even():
 
 # ------------------------------------------------------------------------------------------------
 # train_step on a DeepSpeed engine
-
-
-@pytest.fixture(scope="module")
-def world():
-    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    from teacli.train import backend
-
-    yield backend.init_world()
-    for k, v in saved.items():  # later subprocesses must not inherit this process group's variables
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 def make_batch(n_prompts: int, m: int, seed: int, vocab: int, eos: int):
