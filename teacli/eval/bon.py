@@ -334,9 +334,12 @@ def _split_prompts(recipe: "Recipe", split: str, data_dir: str | None) -> list:
 
 
 def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str]) -> dict[str, Any]:
+    from teacli.config import JUDGE_KEYS
     from teacli.rollout.factory import resolve_engine_name
 
     r, w = recipe.rollout, recipe.reward
+    full = w.settings()  # with the lm_judge keys for a judge: another question gives other rewards
+    reward = {k: full[k] for k in ("kind", "name_or_path", "function", "revision", "max_length", "params", *JUDGE_KEYS) if k in full}
     return {
         "split": split,
         "M": M,
@@ -344,8 +347,7 @@ def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int,
         "checkpoint_path": ckpt.path.relative_to(run).as_posix() if ckpt.path else recipe.policy.name_or_path,
         "seed": recipe.seed,
         "sampling": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens},
-        "reward": {"kind": w.kind, "name_or_path": w.name_or_path, "function": w.function, "revision": w.revision,
-                   "max_length": w.max_length, "params": w.params},
+        "reward": reward,
         "max_prompt_tokens": recipe.data.max_prompt_tokens,
         # Recorded, not compared: they change speed or the random stream, not the distribution.
         "engine": resolve_engine_name(r.engine),

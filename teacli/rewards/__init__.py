@@ -8,6 +8,8 @@
   * kind 'python' → `reward.function`, a dotted path 'package.module:function' to a plain function
                     `f(prompts, responses, **reward.params) -> list[float] | Tensor[B]`
                     (or to a class with a `score` method, built with `**reward.params`).
+  * kind 'lm_judge' → `LMJudgeReward` (teacli/rewards/judge.py): a frozen causal LM asked a templated
+                    yes/no question; the score is log p(yes) − log p(no) at its next token.
   * kind 'remote' → `RemoteReward` (teacli/rewards/remote.py): an HTTP reward server at `reward.url`
                     with OpenRLHF's remote-RM API; `tea serve-rm` (teacli/rewards/server.py) serves
                     any of the kinds above over it.
@@ -50,13 +52,17 @@ REWARDS: dict[str, str] = {
 def build_reward(cfg: "RewardConfig", device: Any = None, tokenizer: Any = None) -> RewardFunction:
     """The reward named by the recipe's `reward:` section.
 
-    `device` is where the policy lives; an 'hf' reward model with `reward.device: auto` goes there.
+    `device` is where the policy lives; an 'hf' or 'lm_judge' model with `reward.device: auto` goes there.
     `tokenizer` is the policy's: a 'remote' reward renders the prompt texts it sends with it.
     """
     if cfg.kind == "hf":
         from teacli.rewards.hf import HFRewardModel
 
         return HFRewardModel.from_config(cfg, device=device)
+    if cfg.kind == "lm_judge":
+        from teacli.rewards.judge import LMJudgeReward
+
+        return LMJudgeReward.from_config(cfg, device=device)
     if cfg.kind == "rule":
         from teacli.rewards.rule import RuleReward
 
@@ -70,7 +76,7 @@ def build_reward(cfg: "RewardConfig", device: Any = None, tokenizer: Any = None)
         from teacli.rewards.remote import RemoteReward
 
         return RemoteReward.from_config(cfg, tokenizer)
-    raise ValueError(f"reward.kind: {cfg.kind!r} is not one of hf, rule, python, remote")
+    raise ValueError(f"reward.kind: {cfg.kind!r} is not one of hf, lm_judge, rule, python, remote")
 
 
 def load_python_reward(path: str, params: dict[str, Any] | None = None) -> RewardFunction:

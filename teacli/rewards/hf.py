@@ -21,7 +21,7 @@ calling the model's forward on each example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from teacli.models import encode_chat, load_errors, looks_like_path, resolve_dtype
@@ -147,20 +147,7 @@ class HFRewardModel:
 
     def _score_encoded(self, encoded: list[list[int]]) -> "torch.Tensor":
         """encoded[B] token ids → rewards[B] float32 on CPU, batched by length (the result does not depend on it)."""
-        import torch
-
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
-        scores = torch.empty(len(encoded), dtype=torch.float32)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                for start in range(0, len(order), self.batch_size):
-                    rows = order[start : start + self.batch_size]
-                    scores[rows] = self._forward([encoded[i] for i in rows])
-        finally:
-            self.model.train(was_training)
-        return scores
+        return score_by_length(self.model, encoded, self.batch_size, self._forward)
 
     def _forward(self, batch: list[list[int]]) -> "torch.Tensor":
         """batch[b] token ids → scores[b] float32 (right-padded; pooled at each row's last token)."""
@@ -180,6 +167,27 @@ class HFRewardModel:
         else:
             logits = self.model(input_ids=input_ids, attention_mask=mask).logits  # [b, labels]
         return logits[:, 0].float().cpu()
+
+
+def score_by_length(
+    model: Any, encoded: list[list[int]], batch_size: int, forward: "Callable[[list[list[int]]], torch.Tensor]"
+) -> "torch.Tensor":
+    """encoded[B] token ids → forward's scores [B] float32 on CPU, in original order: sorted by length
+    (longest first), `batch_size` rows per forward, under no_grad with `model` in eval mode."""
+    import torch
+
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    scores = torch.empty(len(encoded), dtype=torch.float32)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                scores[rows] = forward([encoded[i] for i in rows])
+    finally:
+        model.train(was_training)
+    return scores
 
 
 def _is_generic_classifier(model: Any) -> bool:

@@ -1,4 +1,4 @@
-"""`tea serve-rm`: the recipe's own reward (hf, rule or python) behind OpenRLHF's remote-RM API.
+"""`tea serve-rm`: the recipe's own reward (hf, lm_judge, rule or python) behind OpenRLHF's remote-RM API.
 
 One reward process (say an 8B reward model on its own GPU) serves several training and evaluation
 jobs, each with `reward.kind: remote` and `reward.url: http://HOST:PORT/get_reward`.
@@ -13,7 +13,7 @@ Which fields are scored:
     renders the prompt messages and the response with its own chat template.
   * OpenRLHF's requests carry "query" (the whole conversation as text), "prompts" and "labels".
     An hf reward model scores each query text as it is, without adding special tokens (what
-    OpenRLHF's own serve_rm does). A rule or python reward gets response = query minus its prompt
+    OpenRLHF's own serve_rm does). A rule, python or lm_judge reward gets response = query minus its prompt
     prefix and a prompt whose one user message is the prompt text, with the label as metadata
     when it is a mapping (else as {"label": value}); a query that does not start with its prompt
     is a 400 error naming the row.
@@ -228,7 +228,7 @@ def serve(recipe: "Recipe", host: str = "127.0.0.1", port: int = 5000, token_env
     if not max_body_mb > 0:
         raise ValueError(f"--max-body-mb must be > 0, got {max_body_mb:g}")
     if recipe.reward.kind == "remote":
-        raise ValueError("reward.kind is 'remote': tea serve-rm serves a local reward (hf, rule or python); "
+        raise ValueError("reward.kind is 'remote': tea serve-rm serves a local reward (hf, lm_judge, rule or python); "
                          "give it the recipe whose reward section names the model or function")
     token = None
     if token_env:
