@@ -173,3 +173,21 @@ def tiny_study(root: Path, steps: int = 1) -> dict[str, Any]:
     }
     (root / "study.yaml").write_text(yaml.safe_dump(study))
     return study
+
+
+def kill_after(rec: Path, run: Path, tmp: Path, rows: int, timeout: float = 300) -> None:
+    """Start `tea train REC --run-dir RUN` and SIGKILL its process group once metrics.jsonl has `rows` lines."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tea_env(tmp), start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= rows:
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -10,6 +10,16 @@ from teacli.logprobs import token_logprobs
 from teacli.types import SamplingConfig
 
 
+QUESTIONS = ["what is the capital of france", "write a short poem about the sea", "one two three"]
+
+
+def chat_prompts(tok) -> list[list[int]]:
+    """The vllm tests' three prompts, chat-templated and tokenized."""
+    from teacli.models import encode_chat
+
+    return [encode_chat(tok, [{"role": "user", "content": q}], add_generation_prompt=True) for q in QUESTIONS]
+
+
 def sample(**kw) -> SamplingConfig:
     return SamplingConfig(**{"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, **kw})
 

@@ -14,10 +14,8 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,18 +29,16 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("vllm", reason="needs vLLM's CUDA build (docs/vllm.md)")
 
-from tiny_lm import make_causal_lm, make_tokenizer, save, tea_env, tiny_recipe, write_recipe  # noqa: E402
-from vllm_checks import first_token_tv, ids_of, logprob_gaps, optimizer_step, sample  # noqa: E402
+from tiny_lm import kill_after, make_causal_lm, make_tokenizer, save, tea_env, tiny_recipe, write_recipe  # noqa: E402
+from vllm_checks import chat_prompts, first_token_tv, ids_of, logprob_gaps, optimizer_step, sample  # noqa: E402
 
 from teacli.config import RolloutConfig  # noqa: E402
-from teacli.models import encode_chat  # noqa: E402
 from teacli.rollout.base import RolloutSyncError  # noqa: E402
 from teacli.rollout.vllm_engine import SYNC_TOLERANCE, VLLMEngine  # noqa: E402
 
 GiB = 2**30
 # vLLM's CUDA attention kernels want a head size of 64 or more: 4 heads of 64, 2 KV heads.
 SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512, max_position_embeddings=512)
-QUESTIONS = ["what is the capital of france", "write a short poem about the sea", "one two three"]
 TOL = SYNC_TOLERANCE["bfloat16"]
 
 
@@ -53,7 +49,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def prompts(tok) -> list[list[int]]:
-    return [encode_chat(tok, [{"role": "user", "content": q}], add_generation_prompt=True) for q in QUESTIONS]
+    return chat_prompts(tok)
 
 
 @pytest.fixture(scope="module")
@@ -303,15 +299,7 @@ def test_resume_after_kill_9_continues_as_the_uninterrupted_run(assets, tmp_path
     reference = tmp_path / "reference"
     check_run(reference, tea(tmp_path, "train", str(rec), "--run-dir", str(reference)), 4, "resume: reference")
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tea_env(tmp_path), start_new_session=True)
-    deadline = time.time() + 400
-    while time.time() < deadline:
-        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # mid-step 4: after checkpoint 2, before checkpoint 4
-    proc.wait()
+    kill_after(rec, run, tmp_path, rows=3, timeout=400)  # mid-step 4: after checkpoint 2, before checkpoint 4
     assert (run / "checkpoints" / "step_000002").is_dir() and not (run / "checkpoints" / "step_000004").exists()
     got = check_run(run, tea(tmp_path, "train", str(rec), "--run-dir", str(run)), 4, "resume: killed and resumed")
     want = rows(reference)

@@ -25,7 +25,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import torch  # noqa: E402
 from tiny_lm import llama_config, make_causal_lm, make_tokenizer, save  # noqa: E402
-from vllm_checks import first_token_tv, ids_of, max_logprob_gap, optimizer_step, sample  # noqa: E402
+from vllm_checks import chat_prompts, first_token_tv, ids_of, max_logprob_gap, optimizer_step, sample  # noqa: E402
 
 from teacli.config import RolloutConfig  # noqa: E402
 from teacli.models import encode_chat  # noqa: E402
@@ -39,7 +39,6 @@ pytestmark = pytest.mark.vllm
 
 # vLLM's CPU attention needs a head size of at least 32: tiny_lm's shape with 2 heads (1 KV head).
 HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1}
-QUESTIONS = ["what is the capital of france", "write a short poem about the sea", "one two three"]
 TESTS = Path(__file__).resolve().parent.parent
 
 
@@ -50,7 +49,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def prompts(tok) -> list[list[int]]:
-    return [encode_chat(tok, [{"role": "user", "content": q}], add_generation_prompt=True) for q in QUESTIONS]
+    return chat_prompts(tok)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -96,16 +94,9 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
 
 
 def kill_after(rec: Path, run: Path, tmp: Path, rows: int) -> None:
-    """Start `tea train` and SIGKILL it once metrics.jsonl has `rows` lines."""
-    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(tmp), start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= rows:
-            break
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    from tiny_lm import kill_after as kill
+
+    kill(rec, run, tmp, rows)
 
 
 def test_dynamic_sampling_drops_flat_groups_and_resumes_exactly(assets, tmp_path):
@@ -157,15 +148,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
     tea_train(rec, reference, tmp_path)
 
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(tmp_path), start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # mid-step 4: after checkpoint 2, before checkpoint 4
-    proc.wait()
+    kill_after(rec, run, tmp_path, rows=3)  # mid-step 4: after checkpoint 2, before checkpoint 4
     assert (run / "checkpoints" / "step_000002").is_dir()
     assert not (run / "checkpoints" / "step_000004").exists()
 
