@@ -4,7 +4,6 @@ evaluator need). `dir: builtin` names the packaged prompt set, prepared once int
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -45,7 +44,9 @@ def split_path(data_dir: str, split: str) -> Path:
 def split_sha256(data_dir: str, split: str) -> str:
     """sha256 of a split's file, as prepare-data's manifest.json records it: it changes when the split is
     prepared again with other content (another --seed, other inputs), and only then."""
-    return hashlib.sha256(split_path(data_dir, split).read_bytes()).hexdigest()
+    from teacli.data.prepare import sha256_file
+
+    return sha256_file(split_path(data_dir, split))
 
 
 def load_split(data_dir: str, split: str) -> list[Prompt]:

@@ -328,7 +328,8 @@ def _jsonl(records: list[Prompt]) -> bytes:
     return "".join(line + "\n" for line in lines).encode("utf-8")
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks: the manifest's digests, and a run's data.json (data.load.split_sha256)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -383,8 +384,8 @@ def _manifest(
             "test": hub_entries(spec.test_splits, bool(test_inputs)),
         },
         "inputs": {
-            "train": [{"file": Path(p).name, "sha256": _sha256_file(Path(p))} for p in inputs],
-            "test": [{"file": Path(p).name, "sha256": _sha256_file(Path(p))} for p in test_inputs],
+            "train": [{"file": Path(p).name, "sha256": sha256_file(Path(p))} for p in inputs],
+            "test": [{"file": Path(p).name, "sha256": sha256_file(Path(p))} for p in test_inputs],
         },
         "options": options,
         "filters": counts,

@@ -132,7 +132,7 @@ class VLLMEngine:
         self.dtype = resolve_dtype(dtype if dtype is not None else (policy.dtype if policy else "auto"), self.device)
         self.tie_word_embeddings = bool(getattr(base.config, "tie_word_embeddings", False))
         # vLLM's copy of the weights (ZeRO-3 shards count whole: ds_numel), for the memory plan and wake checks
-        self._weights_bytes = sum(getattr(p, "ds_numel", p.numel()) for p in base.parameters()) * _itemsize(self.dtype)
+        self._weights_bytes = sum(getattr(p, "ds_numel", p.numel()) for p in base.parameters()) * self.dtype.itemsize
         self._sleep_freed = 0
 
         import vllm
@@ -161,7 +161,7 @@ class VLLMEngine:
         self.memory: dict[str, float] = {}  # the plan (GiB), then what sleep and wake measured
         if self.device.type == "cuda":
             kwargs.update(self._cuda_memory_plan(cfg, trainer_bytes))
-            if not _compile_on(cfg):
+            if cfg.compile is False:  # rollout.compile: auto and true keep vLLM's compile and CUDA graphs
                 kwargs["enforce_eager"] = True
         else:
             # On CPU gpu_memory_utilization reserves that fraction of RAM; a fixed KV cache is saner beside a trainer.
@@ -317,9 +317,9 @@ class VLLMEngine:
             )
         self.llm.wake_up(tags=[tag])
         torch.cuda.synchronize(self.device)
-        self._weights_awake = self._weights_awake or tag == "weights"
         self.memory[f"vllm_wake_{tag}_s"] = time.perf_counter() - t0
         if tag == "weights":
+            self._weights_awake = True
             self.memory["gpu_free_gib_before_wake"] = free / _GiB
 
     def _cuda_memory_plan(self, cfg: "RolloutConfig", trainer_bytes: int | None) -> dict[str, Any]:
@@ -527,17 +527,6 @@ def memory_plan(
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
         kv = f"{kv_cache_gib:g} GiB (rollout.kv_cache_gib)"
     return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv}"
-
-
-def _compile_on(cfg: "RolloutConfig") -> bool:
-    """rollout.compile for vLLM on CUDA: auto and true keep vLLM's compile and CUDA graphs, false is enforce_eager."""
-    return cfg.compile is not False
-
-
-def _itemsize(dtype: "torch.dtype") -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _free_bytes(device: "torch.device") -> int:
