@@ -273,6 +273,10 @@ def study(
         "e.g. 0,1,2,3 (CUDA_VISIBLE_DEVICES and MASTER_PORT per stage; output in <runs_dir>/logs/<study>/).",
     ),
     per_gpu: int = typer.Option(1, "--per-gpu", help="With --gpus: stages run at once on each GPU (small models)."),
+    seeds: Optional[str] = typer.Option(
+        None, "--seeds", help="Run only these of the study's seeds, e.g. 0,1: a study in parts (one machine each); "
+        "the report is left out until a run without --seeds.",
+    ),
     status_every: float = typer.Option(300.0, "--status-every", help="Seconds between progress summaries on stderr (0: none)."),
 ) -> None:
     """Train, evaluate and report a set of recipes as one comparison, skipping finished stages.
@@ -287,7 +291,7 @@ def study(
     try:
         ran = run_study(
             load_study(find_study(study_file), launcher=launcher), dry_run=dry_run, echo=typer.echo,
-            gpus=None if gpus is None else parse_gpus(gpus), per_gpu=per_gpu,
+            gpus=None if gpus is None else parse_gpus(gpus), per_gpu=per_gpu, seeds=seeds,
             note=lambda line: typer.echo(line, err=True), status_every=status_every,
         )
     except (StudyError, RecipeError) as exc:

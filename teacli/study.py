@@ -55,7 +55,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable
@@ -102,6 +102,7 @@ class Study:
     launcher: list[str] = field(default_factory=list)
     seeds: list[int] | None = None  # None: one run per recipe, named by the recipe
     base: str | None = None  # the recipe (run name) whose untrained policy is the base arm
+    partial: bool = False  # only some of the seeds (`--seeds`): no report stage
 
     def run_dirs(self, name: str) -> list[tuple[Path, int | None]]:
         """(run directory, seed) of every training run of recipe `name`."""
@@ -319,9 +320,27 @@ class Stage:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.label).strip("_") + ".log"
 
 
+def select_seeds(study: Study, text: str) -> Study:
+    """`--seeds 0,1`: the study restricted to these of its seeds (a study run in parts, e.g. one GPU machine
+    per part). Its plan has no report: the report pools every seed, so it runs once all parts are done."""
+    if study.seeds is None:
+        raise StudyError(f"--seeds: study {study.name} has no seeds: (one run per recipe)")
+    try:
+        chosen = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise StudyError(f"--seeds {text!r}: expected seeds separated by commas, e.g. --seeds 0,1") from None
+    unknown = [x for x in chosen if x not in study.seeds]
+    if unknown:
+        raise StudyError(f"--seeds {text!r}: {', '.join(map(str, unknown))} not among study {study.name}'s seeds "
+                         f"({', '.join(map(str, study.seeds))})")
+    if len(set(chosen)) != len(chosen):
+        raise StudyError(f"--seeds {text!r} names a seed twice")
+    return replace(study, seeds=[x for x in study.seeds if x in chosen], partial=True)
+
+
 def plan(study: Study) -> list[Stage]:
-    """Every stage, in order: per recipe (and seed) train then eval-bon, the base arm's eval-bon, the report.
-    An evaluation needs its training; the report needs every other stage."""
+    """Every stage, in order: per recipe (and seed) train then eval-bon, the base arm's eval-bon, the report
+    (not for part of the seeds: `select_seeds`). An evaluation needs its training; the report needs every other stage."""
     tea = [sys.executable, "-m", "teacli.cli"]
     stages: list[Stage] = []
     run_dirs: list[Path] = []
@@ -359,7 +378,8 @@ def plan(study: Study) -> list[Stage]:
                    "--split", study.split, "--n", str(study.n), "--checkpoint", study.checkpoint]
     if study.endpoints:
         report_cmd += ["--endpoints", ",".join(map(str, study.endpoints))]
-    stages.append(Stage("report", report_cmd, False, needs=tuple(s.label for s in stages)))
+    if not study.partial:
+        stages.append(Stage("report", report_cmd, False, needs=tuple(s.label for s in stages)))
     return stages
 
 
@@ -624,6 +644,7 @@ def run_study(
     *,
     gpus: list[str] | None = None,
     per_gpu: int = 1,
+    seeds: str | None = None,
     note: Callable[[str], Any] = lambda line: print(line, file=sys.stderr),
     status_every: float = 300.0,
 ) -> int:
@@ -633,10 +654,15 @@ def run_study(
     if gpus is not None and study.launcher:
         raise StudyError(f"--gpus runs every stage in one process on one GPU; it cannot run training through the launcher "
                          f"{shlex.join(study.launcher)!r} (drop --launcher, or the study's launcher:)")
+    if seeds is not None:
+        study = select_seeds(study, seeds)
     stages = plan(study)
     slot_of = assign(stages, len(slots))
     for line in plan_lines(stages, slots, slot_of):
         echo(line)
+    if study.partial:
+        echo(f"no report: --seeds {seeds} is part of the study; run `tea study {study.name}` once every seed is trained "
+             f"and evaluated (finished stages are skipped) to write it")
     if dry_run:
         return len(slot_of)
     logs = study.runs_dir / "logs" / study.name if gpus is not None else None

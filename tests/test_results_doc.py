@@ -34,3 +34,23 @@ def test_links_resolve():
     text = (DOCS / "results.md").read_text()
     for target in re.findall(r"\]\((results/[^)]+)\)", text):
         assert (DOCS / target).exists(), target
+
+
+def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatch):
+    """The GPU study's tail-fit tables (docs/results/gpu/tail_fit_*_base) are what `tea diagnose tail-fit`
+    computes from the committed base-arm records, restored by docs/results/gpu/collect.py --restore."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    spec = importlib.util.spec_from_file_location("collect", DOCS / "results" / "gpu" / "collect.py")
+    collect = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collect)
+    collect.restore(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    for reward, run in (("rule", "gpu_bon_grpo-base"), ("judge", "gpu_bon_judge_grpo-base")):
+        res = CliRunner().invoke(app, ["diagnose", "tail-fit", f"runs/{run}", "--checkpoint", "base", "--out", f"out/{reward}", "--no-plots"])
+        assert res.exit_code == 0, res.output
+        for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
+            committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_base" / name
+            assert (tmp_path / "out" / reward / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"

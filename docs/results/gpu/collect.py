@@ -1,0 +1,76 @@
+"""Copy what the GPU study's report and diagnostics read from run directories into docs/results/gpu/runs/,
+small enough to commit: recipe.yaml, data.json, metrics.jsonl, validation.jsonl, selected.json, and under
+eval/ the .bon.json, .run.json and .prompts.jsonl files and the completion records without their text
+(prompt_id, sample, reward, tokens: what `tea report` and `tea diagnose tail-fit` read), gzipped
+(~0.5 MB for 144 prompts x 256 samples instead of 26 MB with the text).
+
+    python docs/results/gpu/collect.py SRC_RUNS_DIR RUN_NAME [RUN_NAME ...]   # runs -> docs/results/gpu/runs/
+    python docs/results/gpu/collect.py --restore DEST_RUNS_DIR                # docs/results/gpu/runs/ -> plain run dirs
+
+`--restore` writes run directories that `tea report` and `tea diagnose tail-fit` read as they are; their
+records' `response` is null (the texts were not kept, so `tea judge` cannot run on them).
+"""
+
+import gzip
+import json
+import shutil
+import sys
+from pathlib import Path
+
+DEST = Path(__file__).resolve().parent / "runs"
+TOP = ("recipe.yaml", "data.json", "metrics.jsonl", "validation.jsonl", "selected.json")
+KEEP = ("prompt_id", "sample", "reward", "tokens")
+
+
+def strip_records(src: Path, dst: Path) -> int:
+    n = 0
+    tmp = dst.with_name(dst.name + ".tmp")
+    with src.open() as fin, tmp.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as fout:
+        for line in fin:
+            record = json.loads(line)
+            fout.write((json.dumps({k: record[k] for k in KEEP if k in record}) + "\n").encode())
+            n += 1
+    tmp.replace(dst)
+    return n
+
+
+def restore(dest_runs: Path) -> None:
+    for f in sorted(DEST.rglob("*")):
+        if not f.is_file() or f.name == ".gitattributes":
+            continue
+        out = dest_runs / f.relative_to(DEST)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if f.name.endswith(".jsonl.gz"):  # the record format's text field comes back as null: the texts were not kept
+            out = out.with_name(f.name[: -len(".gz")])
+            with gzip.open(f, "rt") as fin, out.open("w") as fout:
+                for line in fin:
+                    fout.write(json.dumps({**json.loads(line), "response": None}) + "\n")
+        else:
+            shutil.copy2(f, out)
+    print(f"restored {len(list(DEST.iterdir()))} run(s) into {dest_runs}")
+
+
+def collect(src_runs: Path, name: str) -> None:
+    src, dst = src_runs / name, DEST / name
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in TOP:
+        if (src / f).exists():
+            shutil.copy2(src / f, dst / f)
+    for f in sorted((src / "eval").rglob("*")) if (src / "eval").exists() else []:
+        if not f.is_file():
+            continue
+        out = dst / f.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if f.name.endswith((".bon.json", ".run.json", ".prompts.jsonl")):
+            shutil.copy2(f, out)
+        elif f.suffix == ".jsonl":
+            out = out.with_name(out.name + ".gz")
+            print(f"{out.relative_to(DEST)}: {strip_records(f, out)} records")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--restore"]:
+        restore(Path(sys.argv[2]))
+    else:
+        for run in sys.argv[2:]:
+            collect(Path(sys.argv[1]), run)
