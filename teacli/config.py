@@ -257,6 +257,47 @@ class RolloutConfig:
         10, "dynamic_sampling: extra generation rounds per step at most; when reached, the step trains on what it has "
         "(the shortfall filled with zero-advantage groups, counted as dynamic_filled_groups).", ge=0,
     )
+    vllm_kwargs: dict[str, Any] = field(
+        {},
+        "vllm: more keyword arguments for vllm.LLM (vLLM's EngineArgs), passed after tea's own, e.g. {async_scheduling: "
+        "true, max_num_seqs: 256}; replaced whole by a later recipe or --set, not merged. A key tea sets itself (model, "
+        "dtype, seed, gpu_memory_utilization, enforce_eager, ...: VLLM_RESERVED_KWARGS) is refused with the key to set "
+        "instead; a key this vLLM does not have is refused when the engine is built (docs/vllm.md).",
+    )
+
+
+# The vllm.LLM arguments the vllm engine sets itself (teacli/rollout/vllm_engine.py), which
+# rollout.vllm_kwargs may not name: each says what to set instead, or why there is nothing to set.
+VLLM_RESERVED_KWARGS: dict[str, str] = {
+    "model": "the engine is built from the policy's config and fed the trainer's weights; set policy.name_or_path",
+    "tokenizer": "the engine uses the policy's tokenizer; set policy.name_or_path",
+    "load_format": "the engine starts from placeholder weights and the trainer pushes its own",
+    "dtype": "set policy.dtype",
+    "seed": "set seed (each rank's engine gets seed + rank, each prompt's request a seed of its own)",
+    "tensor_parallel_size": "one engine per training rank, tensor parallel 1",
+    "distributed_executor_backend": "one engine per training rank, inside the trainer's process group",
+    "enable_sleep_mode": "set rollout.sleep",
+    "logprobs_mode": "the sync check and rollout.is_correction need the raw log-probs of the sampled tokens",
+    "generation_config": "sampling follows rollout.temperature, rollout.top_k and rollout.top_p only, never the model's defaults",
+    "gpu_memory_utilization": "set rollout.gpu_memory_utilization",
+    "kv_cache_memory_bytes": "set rollout.kv_cache_gib",
+    "enforce_eager": "set rollout.compile (false = enforce_eager)",
+    "max_model_len": "it is data.max_prompt_tokens + rollout.max_new_tokens",
+    "enable_prefix_caching": "always on, and reset after every weight push",
+    "trust_remote_code": "set policy.trust_remote_code",
+}
+
+
+def check_vllm_kwargs(kwargs: dict[Any, Any], origin: dict[str, str] | None = None) -> None:
+    """RecipeError for a key of `rollout.vllm_kwargs` that tea sets itself (VLLM_RESERVED_KWARGS) or that is
+    no argument name. Whether this vLLM has the argument is checked when the engine is built."""
+    origin = origin or {}
+    for key in kwargs:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise RecipeError(f"rollout.vllm_kwargs: {key!r} is not an argument name{_where(origin, 'rollout.vllm_kwargs')}")
+        if key in VLLM_RESERVED_KWARGS:
+            dotted = f"rollout.vllm_kwargs.{key}"
+            raise RecipeError(f"{dotted}: tea sets vLLM's {key} itself{_where(origin, dotted)}: {VLLM_RESERVED_KWARGS[key]}")
 
 
 @dataclass
@@ -366,6 +407,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "rollout.batch_size", "rollout.gpu_memory_utilization", "rollout.kv_cache_gib", "rollout.sleep", "rollout.sleep_level",
     # how the hf engine generates: the same distribution, in other time or memory
     "rollout.share_prefix", "rollout.attention", "rollout.kv_cache", "rollout.compile", "rollout.cache_bucket",
+    # how vLLM schedules and runs (its sampling contract and memory are tea's: VLLM_RESERVED_KWARGS)
+    "rollout.vllm_kwargs",
     # how the update is computed: the same gradient, in other pieces or with recomputation
     "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing",
     # where the numbers go
@@ -542,8 +585,8 @@ def _mark(value: dict, origin: dict[str, str], source: str, prefix: str) -> None
 
 
 def _is_free_dict(dotted: str) -> bool:
-    """Free-form dict fields (advantage.params, reward.params) are replaced, not merged key by key."""
-    return dotted in {"advantage.params", "reward.params"}
+    """Free-form dict fields (advantage.params, reward.params, rollout.vllm_kwargs) are replaced, not merged key by key."""
+    return dotted in {"advantage.params", "reward.params", "rollout.vllm_kwargs"}
 
 
 def recipe_dirs() -> list[Path]:
@@ -602,7 +645,7 @@ def parse_override(item: str) -> tuple[str, Any]:
 def apply_overrides(data: dict[str, Any], overrides: list[str], origin: dict[str, str]) -> None:
     """Apply `--set` items in order. A mapping value merges into the section key by key, as a recipe
     merges over its bases (`rollout={temperature: 0.7}` keeps the other rollout keys); the free-form
-    advantage.params and reward.params are replaced whole, as there."""
+    advantage.params, reward.params and rollout.vllm_kwargs are replaced whole, as there."""
     for item in overrides:
         key, value = parse_override(item)
         parts = key.split(".")
@@ -834,6 +877,7 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
             f"engine returns; the hf engine samples from the trainer's own module (no mismatch): use auto or off"
             f"{_where(origin, 'rollout.is_correction')}"
         )
+    check_vllm_kwargs(recipe.rollout.vllm_kwargs, origin)
     if recipe.backend.offload_params and recipe.backend.zero_stage != 3:
         raise RecipeError(f"backend.offload_params: needs backend.zero_stage 3, got {recipe.backend.zero_stage}{_where(origin, 'backend.offload_params')}")
     if runnable:

@@ -213,3 +213,12 @@ def test_an_unwritable_run_directory_is_one_line_naming_the_file(tmp_path, monke
     assert res.stderr.strip() == (f"error: {run / 'recipe.yaml'}: operation not permitted; check its permissions and "
                                   "attributes (e.g. lsattr: immutable), or write elsewhere")
     assert list(run.iterdir()) == []
+
+
+def test_a_vllm_kwarg_tea_sets_itself_stops_train_and_eval_bon_with_one_line(tmp_path):
+    line = one_line_error(tea("train", "quickstart", "--set", "rollout.vllm_kwargs={gpu_memory_utilization: 0.5}", check=False))
+    assert line == ("error: rollout.vllm_kwargs.gpu_memory_utilization: tea sets vLLM's gpu_memory_utilization itself "
+                    "(set by --set): set rollout.gpu_memory_utilization")
+    line = one_line_error(tea("eval-bon", str(tmp_path / "run"), "--recipe", "quickstart", "--checkpoint", "base",
+                              "--set", "rollout.vllm_kwargs={enforce_eager: true}", check=False))
+    assert "rollout.vllm_kwargs.enforce_eager: tea sets vLLM's enforce_eager itself (set by --set): set rollout.compile" in line

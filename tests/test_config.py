@@ -215,6 +215,65 @@ def test_python_reward_params_are_checked_against_its_signature(tmp_path, monkey
         load_recipe(write(tmp_path / "hf.yaml", RUNNABLE + "reward: {kind: hf, name_or_path: rm, params: {scale: 1}}\n"))
 
 
+# -- rollout.vllm_kwargs: free vllm.LLM arguments (issue 19) -----------------------------------------
+
+
+def test_vllm_kwargs_parse_and_are_replaced_whole_not_merged(tmp_path):
+    write(tmp_path / "base.yaml", RUNNABLE + "rollout:\n  engine: vllm\n  vllm_kwargs: {async_scheduling: true, max_num_seqs: 32}\n")
+    child = write(tmp_path / "child.yaml", "base: base.yaml\nrollout: {vllm_kwargs: {max_num_batched_tokens: 8192}}\n")
+    assert load_recipe(tmp_path / "base.yaml").rollout.vllm_kwargs == {"async_scheduling": True, "max_num_seqs": 32}
+    assert Recipe().rollout.vllm_kwargs == {}
+    assert load_recipe(child).rollout.vllm_kwargs == {"max_num_batched_tokens": 8192}  # the base's two keys are gone
+    base = tmp_path / "base.yaml"
+    assert load_recipe(base, ["rollout.vllm_kwargs={max_num_seqs: 64}"]).rollout.vllm_kwargs == {"max_num_seqs": 64}
+    assert load_recipe(base, ["rollout={vllm_kwargs: {max_num_seqs: 64}}"]).rollout.vllm_kwargs == {"max_num_seqs": 64}
+    assert load_recipe(base, ['rollout.vllm_kwargs={"compilation_config": {"cudagraph_capture_sizes": [1, 8]}}']).rollout.vllm_kwargs == {
+        "compilation_config": {"cudagraph_capture_sizes": [1, 8]}}
+    # A dotted key sets that one argument; {} clears them all.
+    assert load_recipe(base, ["rollout.vllm_kwargs.max_num_seqs=16"]).rollout.vllm_kwargs == {"async_scheduling": True, "max_num_seqs": 16}
+    assert load_recipe(base, ["rollout.vllm_kwargs={}"]).rollout.vllm_kwargs == {}
+    resolved = write(tmp_path / "resolved.yaml", to_yaml(load_recipe(child)))  # as written beside a checkpoint
+    assert load_recipe(resolved).rollout.vllm_kwargs == {"max_num_batched_tokens": 8192}
+    with pytest.raises(RecipeError, match=r"rollout.vllm_kwargs: expected a mapping, got 'fast' \(set by --set\)"):
+        load_recipe(base, ["rollout.vllm_kwargs=fast"])
+    with pytest.raises(RecipeError, match=r"rollout.vllm_kwargs: 1 is not an argument name \(set by --set\)"):
+        load_recipe(base, ["rollout.vllm_kwargs={1: 2}"])
+
+
+@pytest.mark.parametrize(
+    "key, instead",
+    [
+        ("gpu_memory_utilization", "set rollout.gpu_memory_utilization"),
+        ("kv_cache_memory_bytes", "set rollout.kv_cache_gib"),
+        ("enforce_eager", r"set rollout.compile \(false = enforce_eager\)"),
+        ("enable_sleep_mode", "set rollout.sleep"),
+        ("dtype", "set policy.dtype"),
+        ("seed", r"set seed \("),
+        ("max_model_len", r"it is data.max_prompt_tokens \+ rollout.max_new_tokens"),
+        ("logprobs_mode", "the sync check and rollout.is_correction need the raw log-probs"),
+        ("enable_prefix_caching", "always on, and reset after every weight push"),
+    ],
+)
+def test_vllm_kwargs_that_tea_sets_itself_are_refused_naming_the_key(tmp_path, key, instead):
+    p = write(tmp_path / "r.yaml", RUNNABLE + f"rollout: {{engine: vllm, vllm_kwargs: {{max_num_seqs: 8, {key}: 1}}}}\n")
+    with pytest.raises(RecipeError, match=rf"^rollout.vllm_kwargs.{key}: tea sets vLLM's {key} itself \(set in .*r.yaml\): {instead}"):
+        load_recipe(p)
+    with pytest.raises(RecipeError, match=rf"^rollout.vllm_kwargs.{key}: tea sets vLLM's {key} itself \(set by --set\): {instead}"):
+        load_recipe(write(tmp_path / "ok.yaml", RUNNABLE), [f"rollout.vllm_kwargs={{{key}: 1}}"])
+
+
+def test_every_reserved_vllm_kwarg_says_what_to_do_instead():
+    from teacli.config import VLLM_RESERVED_KWARGS, check_vllm_kwargs
+
+    assert {"model", "tokenizer", "load_format", "tensor_parallel_size", "distributed_executor_backend", "generation_config",
+            "trust_remote_code"} <= set(VLLM_RESERVED_KWARGS)
+    for key, instead in VLLM_RESERVED_KWARGS.items():
+        with pytest.raises(RecipeError) as exc:
+            check_vllm_kwargs({key: None})
+        assert str(exc.value) == f"rollout.vllm_kwargs.{key}: tea sets vLLM's {key} itself: {instead}"
+    check_vllm_kwargs({"async_scheduling": True, "max_num_seqs": 64, "disable_log_stats": False})  # not tea's: no error
+
+
 def test_errors_from_set_say_so_and_name_each_source(tmp_path):
     p = write(tmp_path / "r.yaml", RUNNABLE + "advantage: {name: tea, params: {alpha: 0.25}}\nrollout: {group_size: 16}\n")
     with pytest.raises(RecipeError, match=r"optim.lr: expected a number, got 'abc' \(set by --set\)$"):
@@ -291,7 +350,8 @@ def test_execution_keys_are_told_apart_from_what_defines_the_experiment():
     }
     assert [k for k in changes if is_execution_key(k)] == ["rollout.batch_size", "logging.report_to"]
     assert recipe_changes(old, copy.deepcopy(old)) == {}
-    for key in ("optim.steps", "optim.micro_batch_size", "policy.gradient_checkpointing", "rollout.kv_cache_gib", "logging.project"):
+    for key in ("optim.steps", "optim.micro_batch_size", "policy.gradient_checkpointing", "rollout.kv_cache_gib", "logging.project",
+                "rollout.vllm_kwargs", "rollout.vllm_kwargs.max_num_seqs"):
         assert is_execution_key(key), key
     for key in ("rollout.batch_sizes", "log", "optim.lr", "rollout.group_size", "data.dir", "policy.name_or_path"):
         assert not is_execution_key(key), key

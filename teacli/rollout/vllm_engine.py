@@ -92,6 +92,9 @@ _CPU_KV_CACHE_GIB = 1  # default KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE 
 # 10% kept back absorbs what the trainer's allocator keeps between steps; without sleep, the trainer's
 # activations must fit beside the engine.
 AUTO_SHARE = {True: 0.9, False: 0.5}
+# The vllm.LLM arguments tea sets that rollout.vllm_kwargs may replace (every other one it sets is in
+# teacli.config.VLLM_RESERVED_KWARGS): the log-stats switch, and on CPU the whole-prompt scheduling below.
+TEA_DEFAULT_KWARGS = ("disable_log_stats", "enable_chunked_prefill", "max_num_batched_tokens")
 _GiB = 2**30
 
 
@@ -103,7 +106,9 @@ class VLLMEngine:
     Options (from `build_engine`): `policy` (PolicyConfig: dtype, trust_remote_code), `seed`
     (the engine's seed; give each rank its own), `max_model_len` (prompt + completion tokens),
     `dtype` (overrides policy.dtype), `trainer_bytes` (what the trainer will hold between steps, for
-    the memory plan: `backend.model_state_bytes`), `llm_kwargs` (extra `vllm.LLM` arguments).
+    the memory plan: `backend.model_state_bytes`). `cfg.vllm_kwargs` (rollout.vllm_kwargs) go to `vllm.LLM`
+    after tea's own arguments: keys tea sets itself are refused (`teacli.config.VLLM_RESERVED_KWARGS`), except
+    the defaults in `TEA_DEFAULT_KWARGS`, which they may replace; keys this vLLM lacks are refused.
     """
 
     def __init__(
@@ -117,9 +122,11 @@ class VLLMEngine:
         max_model_len: int | None = None,
         dtype: "str | torch.dtype | None" = None,
         trainer_bytes: int | None = None,
-        llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        from teacli.config import check_vllm_kwargs
         from teacli.models import resolve_dtype
+
+        check_vllm_kwargs(cfg.vllm_kwargs)  # a recipe was checked on load; a RolloutConfig built in code is here
 
         self.cfg = cfg
         self.model = model
@@ -137,6 +144,8 @@ class VLLMEngine:
 
         import vllm
         from vllm.platforms import current_platform
+
+        _check_vllm_arguments(cfg.vllm_kwargs, vllm)
 
         self.sleep_enabled = cfg.sleep and current_platform.is_sleep_mode_available()
         if cfg.sleep and not self.sleep_enabled:
@@ -179,7 +188,12 @@ class VLLMEngine:
             # One engine per trainer rank inside the trainer's process group (vLLM's documented
             # setup for colocated RL); it reads RANK/LOCAL_RANK as set by the launcher.
             kwargs["distributed_executor_backend"] = "external_launcher"
-        kwargs.update(llm_kwargs or {})
+        replaced = {k: kwargs[k] for k in cfg.vllm_kwargs if k in kwargs}  # TEA_DEFAULT_KWARGS only: the rest are refused
+        kwargs.update(cfg.vllm_kwargs)
+        if cfg.vllm_kwargs:
+            shown = ", ".join(f"{k}={v!r}" for k, v in cfg.vllm_kwargs.items())
+            instead = f" (instead of tea's {', '.join(f'{k}={v!r}' for k, v in replaced.items())})" if replaced else ""
+            print(f"tea: vllm engine on {self.device}: rollout.vllm_kwargs {shown}{instead}", file=sys.stderr, flush=True)
         # In-process engine core: weights are pushed as Python iterators of tensors, never pickled.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -478,6 +492,26 @@ def _write_model_dir(base: Any, tokenizer: Any, dtype: "torch.dtype", path: str)
         del config.quantization_config
     config.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+def _check_vllm_arguments(kwargs: dict[str, Any], vllm: Any) -> None:
+    """A ValueError naming the first key of rollout.vllm_kwargs that this vLLM's `vllm.LLM` does not take: neither
+    a field of `vllm.EngineArgs` nor a named parameter of `vllm.LLM` (e.g. older vLLMs' cuda_graph_sizes, which
+    vLLM 0.32 no longer has: cudagraph_capture_sizes). Checked before the engine is built: vLLM would say less."""
+    import dataclasses
+    import difflib
+    import inspect
+
+    named = inspect.signature(vllm.LLM.__init__).parameters.values()
+    known = {f.name for f in dataclasses.fields(vllm.EngineArgs)} | {
+        p.name for p in named if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+    }
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean rollout.vllm_kwargs.{close[0]}?" if close else ""
+            raise ValueError(f"rollout.vllm_kwargs.{key}: vLLM {vllm.__version__} has no engine argument {key!r} "
+                             f"(not a field of vllm.EngineArgs){hint}")
 
 
 def _prompt_seed(seed: int, index: int) -> int:

@@ -156,6 +156,61 @@ def test_tied_embeddings_reach_the_lm_head(tok, prompts):
         eng.close()
 
 
+def test_vllm_kwargs_reach_vllm_llm_after_teas_own(model, tok, prompts, monkeypatch, capsys):
+    """rollout.vllm_kwargs go to vllm.LLM (visible in the built engine's config); one may replace a default of
+    tea's (TEA_DEFAULT_KWARGS), said on stderr; every other argument tea passes is one a recipe cannot set."""
+    import vllm
+
+    from teacli.config import VLLM_RESERVED_KWARGS
+    from teacli.rollout.vllm_engine import TEA_DEFAULT_KWARGS
+
+    real, passed = vllm.LLM, {}
+
+    def recording_llm(**kwargs):
+        passed.update(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(vllm, "LLM", recording_llm)
+    extra = {"max_num_seqs": 5, "max_num_batched_tokens": 8192}
+    eng = VLLMEngine(RolloutConfig(engine="vllm", vllm_kwargs=extra), model, tok, dtype="float32")
+    try:
+        scheduler = eng.llm.llm_engine.vllm_config.scheduler_config
+        assert (scheduler.max_num_seqs, scheduler.max_num_batched_tokens) == (5, 8192)
+        assert {k: passed[k] for k in extra} == extra
+        teas = set(passed) - set(extra)
+        assert teas and teas <= set(VLLM_RESERVED_KWARGS) | set(TEA_DEFAULT_KWARGS), teas - set(VLLM_RESERVED_KWARGS)
+        line = [x for x in capsys.readouterr().err.splitlines() if "rollout.vllm_kwargs" in x]
+        assert line == ["tea: vllm engine on cpu: rollout.vllm_kwargs max_num_seqs=5, max_num_batched_tokens=8192 "
+                        "(instead of tea's max_num_batched_tokens=4096)"]
+        out = eng.generate(prompts, n=4, sampling=sample(), seed=0)  # 12 sequences, at most 5 at a time
+        assert max_logprob_gap(model, prompts, out) < 1e-4
+    finally:
+        eng.close()
+
+
+def test_vllm_kwargs_this_vllm_lacks_or_tea_sets_are_refused_before_the_engine_is_built(model, tok, monkeypatch):
+    import dataclasses
+
+    import vllm
+
+    from teacli.config import RecipeError
+
+    def no_llm(**kwargs):
+        raise AssertionError("vllm.LLM was built")
+
+    monkeypatch.setattr(vllm, "LLM", no_llm)
+    version = vllm.__version__.replace(".", r"\.")
+    # cuda_graph_sizes: an argument of older vLLMs that 0.32 no longer has (its cudagraph_capture_sizes)
+    lacks = [k for k in ("cuda_graph_sizes", "no_such_argument") if k not in {f.name for f in dataclasses.fields(vllm.EngineArgs)}]
+    assert "no_such_argument" in lacks
+    for key in lacks:
+        cfg = RolloutConfig(engine="vllm", vllm_kwargs={"max_num_seqs": 4, key: [8]})
+        with pytest.raises(ValueError, match=rf"^rollout\.vllm_kwargs\.{key}: vLLM {version} has no engine argument '{key}'"):
+            VLLMEngine(cfg, model, tok, dtype="float32")
+    with pytest.raises(RecipeError, match=r"^rollout\.vllm_kwargs\.enforce_eager: tea sets vLLM's enforce_eager itself: set rollout\.compile"):
+        VLLMEngine(RolloutConfig(engine="vllm", vllm_kwargs={"enforce_eager": False}), model, tok, dtype="float32")
+
+
 # -- one shared engine: generation, the sampling contract, weight sync -------------------------------
 
 
