@@ -239,6 +239,9 @@ class VLLMEngine:
                 f"max_model_len={limit}; lower data.max_prompt_tokens or rollout.max_new_tokens"
             )
         self.wake()
+        # Flat log-probs (vLLM >= 0.12): a few lists per request instead of a dict and a Logprob object per
+        # token, built in this process's output loop at every decode step (the engine core runs in-process).
+        flat = {"flat_logprobs": True} if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()) else {}
         params = [
             SamplingParams(
                 n=n,
@@ -253,6 +256,7 @@ class VLLMEngine:
                 seed=_prompt_seed(seed, i),
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,  # we decode exactly as the hf engine does
+                **flat,
             )
             for i in range(len(prompt_token_ids))
         ]
@@ -441,7 +445,7 @@ class VLLMEngine:
     def _completion(self, out: Any) -> Completion:
         generated = list(out.token_ids)
         ids, finished = cut_at_eos(generated, self.eos_token_ids)
-        logprobs = [float(out.logprobs[t][tok].logprob) for t, tok in enumerate(ids)] if out.logprobs is not None else None
+        logprobs = None if out.logprobs is None else sampled_logprobs(out.logprobs, ids)
         return Completion(
             token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True), finished=finished, logprobs=logprobs
         )
@@ -518,6 +522,19 @@ def _prompt_seed(seed: int, index: int) -> int:
     """A 48-bit seed per (call seed, prompt index); vLLM seeds the prompt's sample j with seed + j."""
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=6).digest()
     return int.from_bytes(digest, "big")
+
+
+def sampled_logprobs(logprobs: Any, ids: list[int]) -> list[float]:
+    """The sampled tokens' log-probs from vLLM's per-position log-probs (SamplingParams.logprobs=0): a
+    FlatLogprobs (flat lists, `start_indices` per position) or the classic list of {token id: Logprob}."""
+    if hasattr(logprobs, "start_indices"):
+        out = []
+        for t, tok in enumerate(ids):
+            lo, hi = logprobs.start_indices[t], logprobs.end_indices[t]
+            at = logprobs.token_ids.index(tok, lo, hi)  # the sampled token's entry (the only one with logprobs=0)
+            out.append(float(logprobs.logprobs[at]))
+        return out
+    return [float(logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
 
 
 def memory_plan(

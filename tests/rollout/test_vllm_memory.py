@@ -43,3 +43,25 @@ def test_a_fixed_kv_cache_sets_vllms_bytes_and_must_fit_the_share_with_the_weigh
     share = 0.9 * 56  # 50.4 GiB: 50 GiB of KV cache + 1 GiB of weights do not fit
     with pytest.raises(ValueError, match=rf"^rollout.kv_cache_gib: 50 GiB .* 1.00 GiB of weights exceed the engine's {share:.1f} GiB"):
         memory_plan("auto", 50.0, True, **CARD)
+
+
+def test_sampled_logprobs_read_flat_and_classic_vllm_logprobs_alike():
+    """The sampled tokens' log-probs come out the same from vLLM's FlatLogprobs (flat lists with start/end
+    indices per position; the sampled token's entry found by its id) and from the classic list of
+    {token id: Logprob}; positions past the cut ids (an EOS) are ignored."""
+    from types import SimpleNamespace
+
+    from teacli.rollout.vllm_engine import sampled_logprobs
+
+    ids = [5, 9, 5]
+    # position 1 carries a second entry (as with logprobs=k > 0): the sampled token's is the one read
+    entries = [[(5, -0.25)], [(2, -0.5), (9, -1.5)], [(5, -3.0)], [(0, -0.1)]]
+    classic = [{tok: SimpleNamespace(logprob=lp) for tok, lp in pos} for pos in entries]
+    starts, ends, tokens, values = [], [], [], []
+    for pos in entries:
+        starts.append(len(tokens))
+        tokens += [tok for tok, _ in pos]
+        values += [lp for _, lp in pos]
+        ends.append(len(tokens))
+    flat = SimpleNamespace(start_indices=starts, end_indices=ends, token_ids=tokens, logprobs=values)
+    assert sampled_logprobs(classic, ids) == sampled_logprobs(flat, ids) == [-0.25, -1.5, -3.0]
