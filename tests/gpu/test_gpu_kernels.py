@@ -16,24 +16,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
-TESTS = Path(__file__).resolve().parent.parent
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                 vocab_size=128256, max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=500000.0)
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    sys.path.insert(0, str(TESTS))
-    return torch.device("cuda")
 
 
 @pytest.fixture
@@ -84,6 +72,8 @@ def _errors(got, truth) -> tuple[float, float]:
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_liger_and_compile_match_eager_in_bf16(cuda, restore_llama_module, checkpointing):
+    import importlib.util
+
     import torch
 
     from teacli.kernels import apply_kernels, resolve_kernels
@@ -100,7 +90,7 @@ def test_liger_and_compile_match_eager_in_bf16(cuda, restore_llama_module, check
     torch.cuda.empty_cache()
     errors = {"eager": _errors(_run(_llama_1b(cuda, torch.bfloat16, checkpointing), batch), truth)}
     torch.cuda.empty_cache()
-    kinds = ["compile"] + (["liger"] if __import__("importlib").util.find_spec("liger_kernel") else [])
+    kinds = ["compile"] + (["liger"] if importlib.util.find_spec("liger_kernel") else [])
     for kind in kinds:  # liger last: it patches the llama module for every model built after it
         model = _llama_1b(cuda, torch.bfloat16, checkpointing)
         assert resolve_kernels(kind, model, cuda) == kind
