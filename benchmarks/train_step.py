@@ -12,7 +12,10 @@ eager attention. The model is random-initialised from Llama-3.2-1B's shape (hidd
 cheap deterministic function of the text (the reward-model phase is not what this measures).
 The step itself is the trainer's: `teacli.train.loop.train_step` over a DeepSpeed engine from
 `teacli.train.backend`, generation by the `hf` rollout engine (under ZeRO-3 with gathered weights).
-`--small` shrinks everything for a CPU smoke run.
+`--small` shrinks everything for a CPU smoke run. `--kernels` is `policy.kernels` (teacli/kernels.py),
+applied to the policy and the reference; the settings line names the resolved choice, and the table
+adds the MFU of backward + step: 6 · N · tokens the forward ran / time / 989 TFLOP/s (the dense bf16
+peak of an H100 SXM and of an H200).
 """
 
 from __future__ import annotations
@@ -21,6 +24,20 @@ import argparse
 import json
 import statistics
 import time
+
+DENSE_BF16_FLOPS = 989e12  # H100 SXM and H200: the same dense bf16 peak
+
+
+def prompt_runs(engine, reference, recipe, groups) -> int:
+    """How many prompts the training forward ran: one per sequence, or with optim.share_prompts one per
+    distinct prompt of each micro-batch (MFU counts the tokens actually computed)."""
+    from teacli.train.loop import micro_batches, shares_prompts
+
+    seq_group = [p for p, g in enumerate(groups) for _ in g]
+    if not shares_prompts(recipe, engine, reference):
+        return len(seq_group)
+    lengths = [len(c.token_ids) for g in groups for c in g]
+    return sum(len({seq_group[i] for i in b}) for b in micro_batches(lengths, engine.gradient_accumulation_steps(), seq_group) if b)
 
 
 def tokenizer_for(vocab: int):
@@ -48,6 +65,8 @@ def main() -> None:
     p.add_argument("--gen-batch", type=int, default=256)
     p.add_argument("--attn", default="eager")
     p.add_argument("--no-grad-ckpt", action="store_true", help="disable gradient checkpointing")
+    p.add_argument("--kernels", choices=["auto", "eager", "liger", "compile"], default="auto",
+                   help="policy.kernels for the policy and the reference (the recipe default, auto; eager: as measured before issue 21)")
     p.add_argument("--small", action="store_true", help="tiny shapes for a CPU smoke run")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
@@ -57,6 +76,7 @@ def main() -> None:
 
     from teacli.advantages import compute_advantages
     from teacli.config import Recipe
+    from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
     from teacli.train.loop import train_step
@@ -77,6 +97,7 @@ def main() -> None:
     recipe.backend.precision = "bf16" if world.device.type == "cuda" or backend.bf16_supported(world.device) else "fp32"
     recipe.optim.micro_batch_size = args.micro_batch
     recipe.kl.beta = 0.1  # kl.estimator: the default, k2
+    recipe.policy.kernels = args.kernels
     local_prompts = args.prompts // world.world_size
     local_seqs = local_prompts * args.group_size
     grad_accum = -(-local_seqs // args.micro_batch)
@@ -88,6 +109,10 @@ def main() -> None:
     dtype = torch.bfloat16 if recipe.backend.precision == "bf16" else torch.float32
     reference = LlamaForCausalLM(config).to(device=world.device, dtype=dtype).eval().requires_grad_(False)
     reference.load_state_dict(policy.state_dict())
+    kernels = resolve_kernels(args.kernels, policy, world.device)
+    apply_kernels(policy, kernels, generates=True)
+    apply_kernels(reference, kernels, generates=False)
+    n_params = sum(p.numel() for p in policy.parameters())
     engine = backend.build_engine(policy, recipe, world, grad_accum, recipe.backend.precision)
     rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
@@ -117,13 +142,16 @@ def main() -> None:
         sync()
         t3 = time.perf_counter()
         new_tokens = sum(len(c.token_ids) for grp in groups for c in grp)
+        trained_tokens = new_tokens + prompt_runs(engine, reference, recipe, groups) * args.prompt_len
+        backward = t3 - t2 - stats["time_ref_logprobs"]
         row = {
             "step": step,
             "generate_s": t1 - t0 - t_gather,
             "sync_gather_s": t_gather,
             "reward_s": t2 - t1,
             "ref_logprobs_s": stats["time_ref_logprobs"],
-            "backward_step_s": t3 - t2 - stats["time_ref_logprobs"],
+            "backward_step_s": backward,
+            "mfu_backward_step": 6 * n_params * trained_tokens / backward / DENSE_BF16_FLOPS,
             "step_s": t3 - t0,
             "new_tokens": new_tokens * world.world_size,
             "gen_tokens_per_s": new_tokens * world.world_size / max(t1 - t0 - t_gather, 1e-9),
@@ -135,11 +163,12 @@ def main() -> None:
         measured = rows[1:] or rows
         device = torch.cuda.get_device_name() if world.device.type == "cuda" else "cpu"
         print(f"\n{device} x{world.world_size}, ZeRO-{args.zero}, {recipe.backend.precision}, attn={args.attn}, "
-              f"micro-batch {args.micro_batch}, grad-ckpt {not args.no_grad_ckpt}, {args.prompts} prompts x {args.prompt_len} tok x m={args.group_size} x {args.new_tokens} new tokens; "
+              f"kernels={kernels} (--kernels {args.kernels}), micro-batch {args.micro_batch}, grad-ckpt {not args.no_grad_ckpt}, {args.prompts} prompts x {args.prompt_len} tok x m={args.group_size} x {args.new_tokens} new tokens; "
               f"median of {len(measured)} steps after 1 warm-up")
         print("| phase | median |\n|---|---|")
         for k in keys:
-            print(f"| {k} | {statistics.median(r[k] for r in measured):.3f} |")
+            value = statistics.median(r[k] for r in measured)
+            print(f"| {k} | {100 * value:.1f}% |" if k.startswith("mfu") else f"| {k} | {value:.3f} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"device": device, "world_size": world.world_size, "zero": args.zero, "args": vars(args), "rows": rows}, f, indent=2)

@@ -13,7 +13,8 @@ EOS, so every completion has 256 tokens. The reward is a cheap deterministic fun
 
   * tea: `teacli.train.loop.train_step` over a DeepSpeed ZeRO-2 engine (bf16, fp32 master weights),
     generation by the `hf` rollout engine with its defaults (sdpa_gqa attention, bucketed static
-    cache, torch.compile on CUDA), TEA advantages; gradient checkpointing per --tea-grad-ckpt
+    cache, torch.compile on CUDA), TEA advantages, fused training kernels per --tea-kernels
+    (policy.kernels); gradient checkpointing per --tea-grad-ckpt
     (`auto` = the recipe rule of policy.gradient_checkpointing: auto), micro-batch --tea-micro-batch.
   * TRL: `trl.GRPOTrainer` (optional benchmark dependency: `pip install trl`), bf16, gradient
     checkpointing, per-device batch --trl-micro-batch, gradient accumulation so that one optimizer
@@ -36,7 +37,7 @@ tea's step then includes the push after the update (`sync_s`: waking the weights
 re-scoring tokens for the sync check happens inside the next generation).
 
 Each side runs --steps measured steps after one warm-up step (compilation happens there); the table
-gives medians. MFU = 6 N tokens / time / 989e12 (H200 dense bf16) over tea's backward+step phase,
+gives medians. MFU = 6 N tokens / time / 989e12 (H100 SXM and H200 dense bf16) over tea's backward+step phase,
 N = parameters (tied embeddings once), tokens = the prompt and completion tokens the forward ran (with
 optim.share_prompts a prompt once per micro-batch, not once per completion). Peak memory is
 torch's max_memory_allocated over a step.
@@ -55,9 +56,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import tokenizer_for  # noqa: E402
-
-H200_BF16_FLOPS = 989e12
+from train_step import DENSE_BF16_FLOPS, prompt_runs, tokenizer_for  # noqa: E402
 
 
 def vllm_kwargs_arg(text: str) -> dict:
@@ -117,6 +116,7 @@ def run_tea(args, device) -> dict:
 
     from teacli.advantages import compute_advantages
     from teacli.config import Recipe
+    from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.logprobs import resolved_kind
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
@@ -147,6 +147,10 @@ def run_tea(args, device) -> dict:
     dtype = torch.bfloat16 if recipe.backend.precision == "bf16" else torch.float32
     reference = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval().requires_grad_(False)
     reference.load_state_dict(policy.state_dict())
+    recipe.policy.kernels = args.tea_kernels
+    kernels = resolve_kernels(args.tea_kernels, policy, device)
+    apply_kernels(policy, kernels, generates=True)
+    apply_kernels(reference, kernels, generates=False)
     n_params = sum(p.numel() for p in policy.parameters())
     trainer_bytes = backend.model_state_bytes(recipe, policy, world)
     engine = backend.build_engine(policy, recipe, world, grad_accum, recipe.backend.precision)
@@ -192,7 +196,7 @@ def run_tea(args, device) -> dict:
             "step": step, "step_s": t4 - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1,
             "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward, "sync_s": t4 - t3,
             "new_tokens": new_tokens, "gen_tok_per_s": new_tokens / (t1 - t0),
-            "mfu_backward_step": 6 * n_params * trained_tokens / backward / H200_BF16_FLOPS,
+            "mfu_backward_step": 6 * n_params * trained_tokens / backward / DENSE_BF16_FLOPS,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
             **{k: v for k, v in rollout.stats().items() if k.startswith(("sync_", "vllm_", "gpu_"))},
             **{k: v for k, v in stats.items() if k.startswith("is_")},
@@ -200,6 +204,7 @@ def run_tea(args, device) -> dict:
         print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
     settings = {
         "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
+        "kernels": kernels,
         "logprobs": resolved_kind(engine, device), "attention": getattr(rollout, "attention", "vllm"), "static_cache": static, "compile": compiled,
         "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"),
         "params": n_params, "engine": args.engine, **({"vllm_kwargs": args.vllm_kwargs} if args.engine == "vllm" else {}),
@@ -209,18 +214,6 @@ def run_tea(args, device) -> dict:
     del engine, policy, reference, rollout
     _free(device)
     return {"rows": rows, "settings": settings}
-
-
-def prompt_runs(engine, reference, recipe, groups) -> int:
-    """How many prompts the training forward ran: one per sequence, or with optim.share_prompts one per
-    distinct prompt of each micro-batch (MFU counts the tokens actually computed)."""
-    from teacli.train.loop import micro_batches, shares_prompts
-
-    seq_group = [p for p, g in enumerate(groups) for _ in g]
-    if not shares_prompts(recipe, engine, reference):
-        return len(seq_group)
-    lengths = [len(c.token_ids) for g in groups for c in g]
-    return sum(len({seq_group[i] for i in b}) for b in micro_batches(lengths, engine.gradient_accumulation_steps(), seq_group) if b)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,6 +349,8 @@ def main() -> None:
     p.add_argument("--gen-batch", type=int, default=256, help="tea: sequences per generate call")
     p.add_argument("--tea-micro-batch", type=int, default=64)
     p.add_argument("--tea-grad-ckpt", choices=["auto", "true", "false"], default="auto")
+    p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="auto",
+                   help="tea: policy.kernels (the recipe default, auto: liger where installed on CUDA; eager: the tables before issue 21)")
     p.add_argument("--trl-micro-batch", type=int, default=16)
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
     p.add_argument("--trl-vllm-memory", type=float, default=0.3, help="--engine vllm: TRL's vllm_gpu_memory_utilization")

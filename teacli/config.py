@@ -97,6 +97,14 @@ class PolicyConfig:
         "CUDA when the estimated bf16 activations of one micro-batch without it exceed half the device memory left "
         "after the weights and optimizer state (docs/performance.md).",
     )
+    kernels: Literal["auto", "eager", "liger", "compile"] = field(
+        "auto",
+        "Fused kernels for the training forward and backward (teacli/kernels.py, docs/performance.md). liger = "
+        "liger-kernel's RMSNorm, SwiGLU and rotary kernels for the architecture (CUDA, pip install 'teacli[liger]'); "
+        "compile = torch.compile of each decoder layer (train mode only: generation keeps the eager layers; not with "
+        "backend.zero_stage 3); eager = the transformers modules as they are; auto = liger where it is installed, the "
+        "device is CUDA and liger supports the architecture, else eager (always eager on CPU).",
+    )
     chat_template: str | None = field(None, "Jinja chat template overriding the tokenizer's (needed when the tokenizer has none).")
     trust_remote_code: bool = field(False, "Allow custom modelling code from the hub.")
     lora: LoraConfig = field(LoraConfig(), "LoRA adapters.")
@@ -410,7 +418,7 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     # how vLLM schedules and runs (its sampling contract and memory are tea's: VLLM_RESERVED_KWARGS)
     "rollout.vllm_kwargs",
     # how the update is computed: the same gradient, in other pieces or with recomputation
-    "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing",
+    "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing", "policy.kernels",
     # where the numbers go
     "logging",
     # how far: raise it to extend a run (`tea train` refuses it where the learning-rate schedule depends on it)
@@ -878,6 +886,12 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
             f"{_where(origin, 'rollout.is_correction')}"
         )
     check_vllm_kwargs(recipe.rollout.vllm_kwargs, origin)
+    if recipe.policy.kernels == "compile" and recipe.backend.zero_stage == 3:
+        raise RecipeError(
+            f"policy.kernels: compile is not supported with backend.zero_stage 3 (DeepSpeed's ZeRO-3 parameter hooks run "
+            f"outside compilation, splitting every compiled layer at each sub-module): use liger, eager or zero_stage 2"
+            f"{_where(origin, 'policy.kernels', 'backend.zero_stage')}"
+        )
     if recipe.backend.offload_params and recipe.backend.zero_stage != 3:
         raise RecipeError(f"backend.offload_params: needs backend.zero_stage 3, got {recipe.backend.zero_stage}{_where(origin, 'backend.offload_params')}")
     if runnable:

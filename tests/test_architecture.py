@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "rundir": set(),
     "logprobs": set(),
+    "kernels": set(),
     "advantages": set(),
     "data": {"types"},
     "config": {"advantages"},  # validating advantage.name runs the rule once
@@ -26,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "lora": {"config"},
     "rewards": {"config", "types", "models"},
     "rollout": {"config", "types", "models", "logprobs", "lora"},
-    "train": {"config", "types", "models", "logprobs", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics"},
+    "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics"},
     "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir"},
     "report": {"eval", "rundir", "diagnostics"},
     "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval"},

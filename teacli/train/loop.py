@@ -199,6 +199,7 @@ def _setup(recipe: "Recipe", world):
     import torch
 
     from teacli import models
+    from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rewards import build_reward
     from teacli.rollout.factory import build_engine as build_rollout
     from teacli.train import backend
@@ -214,6 +215,11 @@ def _setup(recipe: "Recipe", world):
     if backend.gradient_checkpointing(recipe, policy, world):  # `auto`: only when memory needs it
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.config.use_cache = False
+    try:
+        kernels = resolve_kernels(recipe.policy.kernels, policy, world.device)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    apply_kernels(policy, kernels, generates=True)  # before LoRA wraps the model and DeepSpeed the parameters
     reference = None
     if recipe.kl.beta > 0:
         if recipe.policy.lora.enabled:
@@ -223,6 +229,7 @@ def _setup(recipe: "Recipe", world):
             if cpu_attention:
                 reference.set_attn_implementation(models.register_sdpa_gqa())
             reference.eval().requires_grad_(False)
+            apply_kernels(reference, kernels, generates=False)
     if recipe.policy.lora.enabled:
         from teacli.lora import apply_lora
 
@@ -460,6 +467,13 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     world = backend.init_world()
+    if recipe.policy.kernels == "liger":  # the library and the device, before any model is loaded (the architecture: in setup)
+        from teacli.kernels import require_liger
+
+        try:
+            require_liger(None, world.device)
+        except ValueError as exc:
+            raise TrainError(str(exc)) from None
     if world.device.type == "cpu":
         from teacli.models import keep_cpu_memory
 

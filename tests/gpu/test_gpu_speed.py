@@ -3,23 +3,9 @@ sdpa_gqa attention, the bucketed static cache and torch.compile; liger-kernel's 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.gpu
-TESTS = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def cuda():
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    sys.path.insert(0, str(TESTS))
-    return torch.device("cuda")
 
 
 @pytest.fixture(scope="module")
