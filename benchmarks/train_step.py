@@ -65,8 +65,8 @@ def main() -> None:
     p.add_argument("--gen-batch", type=int, default=256)
     p.add_argument("--attn", default="eager")
     p.add_argument("--no-grad-ckpt", action="store_true", help="disable gradient checkpointing")
-    p.add_argument("--kernels", choices=["auto", "eager", "liger", "compile"], default="auto",
-                   help="policy.kernels for the policy and the reference (the recipe default, auto; eager: as measured before issue 21)")
+    p.add_argument("--kernels", choices=["auto", "eager", "liger", "compile"], default="eager",
+                   help="policy.kernels for the policy and the reference (default eager, the recipe default and the tables before issue 21)")
     p.add_argument("--small", action="store_true", help="tiny shapes for a CPU smoke run")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()

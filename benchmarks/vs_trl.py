@@ -349,8 +349,8 @@ def main() -> None:
     p.add_argument("--gen-batch", type=int, default=256, help="tea: sequences per generate call")
     p.add_argument("--tea-micro-batch", type=int, default=64)
     p.add_argument("--tea-grad-ckpt", choices=["auto", "true", "false"], default="auto")
-    p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="auto",
-                   help="tea: policy.kernels (the recipe default, auto: liger where installed on CUDA; eager: the tables before issue 21)")
+    p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="eager",
+                   help="tea: policy.kernels (default eager, the recipe default and the tables before issue 21; auto: liger where installed on CUDA)")
     p.add_argument("--trl-micro-batch", type=int, default=16)
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
     p.add_argument("--trl-vllm-memory", type=float, default=0.3, help="--engine vllm: TRL's vllm_gpu_memory_utilization")

@@ -98,12 +98,13 @@ class PolicyConfig:
         "after the weights and optimizer state (docs/performance.md).",
     )
     kernels: Literal["auto", "eager", "liger", "compile"] = field(
-        "auto",
+        "eager",
         "Fused kernels for the training forward and backward (teacli/kernels.py, docs/performance.md). liger = "
         "liger-kernel's RMSNorm, SwiGLU and rotary kernels for the architecture (CUDA, pip install 'teacli[liger]'); "
         "compile = torch.compile of each decoder layer (train mode only: generation keeps the eager layers; not with "
         "backend.zero_stage 3); eager = the transformers modules as they are; auto = liger where it is installed, the "
-        "device is CUDA and liger supports the architecture, else eager (always eager on CPU).",
+        "device is CUDA and liger supports the architecture, else eager (always eager on CPU). Default eager until "
+        "tests/gpu/test_gpu_kernels.py has passed on a GPU.",
     )
     chat_template: str | None = field(None, "Jinja chat template overriding the tokenizer's (needed when the tokenizer has none).")
     trust_remote_code: bool = field(False, "Allow custom modelling code from the hub.")
