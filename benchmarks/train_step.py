@@ -6,13 +6,21 @@
     torchrun --nproc_per_node 2 benchmarks/train_step.py --zero 3
 
 Standard workload (the issue's): 4 prompts of 128 tokens x m = 64 completions x 256 new tokens
-per step, beta = 0.1 (kl.estimator k2), bf16 with fp32 master weights, gradient checkpointing, TEA advantages,
+per step, beta = 0.1 (kl.estimator k2), bf16 with fp32 master weights, gradient checkpointing of every layer (--grad-ckpt), TEA advantages,
 eager attention. The model is random-initialised from Llama-3.2-1B's shape (hidden 2048,
 16 layers, 32/8 heads, vocab 128,256, tied embeddings), so no download is needed; the reward is a
 cheap deterministic function of the text (the reward-model phase is not what this measures).
 The step itself is the trainer's: `teacli.train.loop.train_step` over a DeepSpeed engine from
 `teacli.train.backend`, generation by the `hf` rollout engine (under ZeRO-3 with gathered weights).
-`--small` shrinks everything for a CPU smoke run. `--kernels` is `policy.kernels` (teacli/kernels.py),
+`--small` shrinks everything for a CPU smoke run. `--grad-ckpt` is `policy.gradient_checkpointing`
+(default true: every layer; false; a number k: the first k layers; auto: the recipe rule, from
+`--micro-batch` and the step's prompt + new tokens); the settings line names the layers checkpointed
+and, on CUDA, the rule's estimate of the training peak beside the measured `peak_train_gib`
+(`torch.cuda.max_memory_allocated` of the training phase) and `peak_mem_gib` (the whole step), so
+a table of settings is one invocation per value:
+
+    for k in 0 2 4 8 16; do python benchmarks/train_step.py --micro-batch 64 --grad-ckpt $k; done
+ `--kernels` is `policy.kernels` (teacli/kernels.py),
 applied to the policy and the reference; the settings line names the resolved choice, and the table
 adds the MFU of backward + step: 6 · N · tokens the forward ran / time / 989 TFLOP/s (the dense bf16
 peak of an H100 SXM and of an H200).
@@ -26,6 +34,16 @@ import statistics
 import time
 
 DENSE_BF16_FLOPS = 989e12  # H100 SXM and H200: the same dense bf16 peak
+
+
+def grad_ckpt_setting(text: str) -> "bool | int | str":
+    """A command-line value of policy.gradient_checkpointing: auto, true, false or a number of layers."""
+    named = {"auto": "auto", "true": True, "false": False}
+    if text in named:
+        return named[text]
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is not auto, true, false or a number of layers")
 
 
 def prompt_runs(engine, reference, recipe, groups) -> int:
@@ -64,7 +82,8 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--gen-batch", type=int, default=256)
     p.add_argument("--attn", default="eager")
-    p.add_argument("--no-grad-ckpt", action="store_true", help="disable gradient checkpointing")
+    p.add_argument("--grad-ckpt", type=grad_ckpt_setting, default=True,
+                   help="policy.gradient_checkpointing: true (default: every layer), false, k (the first k layers) or auto")
     p.add_argument("--kernels", choices=["auto", "eager", "liger", "compile"], default="eager",
                    help="policy.kernels for the policy and the reference (default eager, the recipe default and the tables before issue 21)")
     p.add_argument("--small", action="store_true", help="tiny shapes for a CPU smoke run")
@@ -74,6 +93,7 @@ def main() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from teacli import models
     from teacli.advantages import compute_advantages
     from teacli.config import Recipe
     from teacli.kernels import apply_kernels, resolve_kernels
@@ -98,14 +118,16 @@ def main() -> None:
     recipe.optim.micro_batch_size = args.micro_batch
     recipe.kl.beta = 0.1  # kl.estimator: the default, k2
     recipe.policy.kernels = args.kernels
+    recipe.policy.gradient_checkpointing = args.grad_ckpt
+    recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = args.prompt_len, args.new_tokens  # what `auto` sizes
     local_prompts = args.prompts // world.world_size
     local_seqs = local_prompts * args.group_size
     grad_accum = -(-local_seqs // args.micro_batch)
 
     torch.manual_seed(0)
     policy = LlamaForCausalLM(config).to(world.device)
-    if not args.no_grad_ckpt:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointing = backend.resolve_checkpointing(recipe, policy, world)
+    models.set_gradient_checkpointing(policy, checkpointing.layers)
     dtype = torch.bfloat16 if recipe.backend.precision == "bf16" else torch.float32
     reference = LlamaForCausalLM(config).to(device=world.device, dtype=dtype).eval().requires_grad_(False)
     reference.load_state_dict(policy.state_dict())
@@ -138,6 +160,7 @@ def main() -> None:
         rewards = torch.tensor([(sum(map(ord, t[:64])) % 997) / 997.0 for t in texts]).reshape(local_prompts, args.group_size)
         t2 = time.perf_counter()
         advantages = compute_advantages("tea", rewards.double()).float()
+        peak_generate = backend.peak_memory_gib(world.device)
         stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, world.device)
         sync()
         t3 = time.perf_counter()
@@ -155,7 +178,8 @@ def main() -> None:
             "step_s": t3 - t0,
             "new_tokens": new_tokens * world.world_size,
             "gen_tokens_per_s": new_tokens * world.world_size / max(t1 - t0 - t_gather, 1e-9),
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if world.device.type == "cuda" else float("nan"),
+            "peak_train_gib": peak_train if (peak_train := backend.peak_memory_gib(world.device)) is not None else float("nan"),
+            "peak_mem_gib": max(peak_generate, peak_train) if peak_generate is not None else float("nan"),
         }
         keys = [k for k in row if k != "step"]
         rows.append(backend.all_reduce_mean(row) | {"step": step})
@@ -163,7 +187,7 @@ def main() -> None:
         measured = rows[1:] or rows
         device = torch.cuda.get_device_name() if world.device.type == "cuda" else "cpu"
         print(f"\n{device} x{world.world_size}, ZeRO-{args.zero}, {recipe.backend.precision}, attn={args.attn}, "
-              f"kernels={kernels} (--kernels {args.kernels}), micro-batch {args.micro_batch}, grad-ckpt {not args.no_grad_ckpt}, {args.prompts} prompts x {args.prompt_len} tok x m={args.group_size} x {args.new_tokens} new tokens; "
+              f"kernels={kernels} (--kernels {args.kernels}), micro-batch {args.micro_batch}, {checkpointing.describe()}, {args.prompts} prompts x {args.prompt_len} tok x m={args.group_size} x {args.new_tokens} new tokens; "
               f"median of {len(measured)} steps after 1 warm-up")
         print("| phase | median |\n|---|---|")
         for k in keys:
@@ -171,7 +195,9 @@ def main() -> None:
             print(f"| {k} | {100 * value:.1f}% |" if k.startswith("mfu") else f"| {k} | {value:.3f} |")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"device": device, "world_size": world.world_size, "zero": args.zero, "args": vars(args), "rows": rows}, f, indent=2)
+                json.dump({"device": device, "world_size": world.world_size, "zero": args.zero, "args": vars(args),
+                           "grad_ckpt_layers": checkpointing.layers, "mem_estimate_gib": (checkpointing.estimate or float("nan")) / 2**30,
+                           "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

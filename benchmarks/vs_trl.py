@@ -15,7 +15,8 @@ EOS, so every completion has 256 tokens. The reward is a cheap deterministic fun
     generation by the `hf` rollout engine with its defaults (sdpa_gqa attention, bucketed static
     cache, torch.compile on CUDA), TEA advantages, fused training kernels per --tea-kernels
     (policy.kernels); gradient checkpointing per --tea-grad-ckpt
-    (`auto` = the recipe rule of policy.gradient_checkpointing: auto), micro-batch --tea-micro-batch.
+    (`auto` = the recipe rule of policy.gradient_checkpointing: auto, a number k = the first k layers;
+    the settings give the layers checkpointed and the rule's memory estimate), micro-batch --tea-micro-batch.
   * TRL: `trl.GRPOTrainer` (optional benchmark dependency: `pip install trl`), bf16, gradient
     checkpointing, per-device batch --trl-micro-batch, gradient accumulation so that one optimizer
     step is one generation of the 4 x 64 completions, transformers generate (TRL's default).
@@ -56,7 +57,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import DENSE_BF16_FLOPS, prompt_runs, tokenizer_for  # noqa: E402
+from train_step import DENSE_BF16_FLOPS, grad_ckpt_setting, prompt_runs, tokenizer_for  # noqa: E402
 
 
 def vllm_kwargs_arg(text: str) -> dict:
@@ -114,6 +115,7 @@ def run_tea(args, device) -> dict:
     import torch
     from transformers import LlamaForCausalLM
 
+    from teacli import models
     from teacli.advantages import compute_advantages
     from teacli.config import Recipe
     from teacli.kernels import apply_kernels, resolve_kernels
@@ -134,16 +136,14 @@ def run_tea(args, device) -> dict:
     recipe.optim.micro_batch_size = args.tea_micro_batch
     recipe.kl.beta, recipe.kl.estimator = args.beta, "grpo_k3"  # TRL's per-token k3, so both sides compute the same loss
     recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = args.prompt_len, args.new_tokens
-    recipe.policy.gradient_checkpointing = {"auto": "auto", "true": True, "false": False}[args.tea_grad_ckpt]
+    recipe.policy.gradient_checkpointing = args.tea_grad_ckpt
     seqs = args.prompts * args.group_size
     grad_accum = -(-seqs // args.tea_micro_batch)
 
     torch.manual_seed(0)
     policy = LlamaForCausalLM(config).to(device)
-    grad_ckpt = backend.gradient_checkpointing(recipe, policy, world)
-    if grad_ckpt:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        policy.config.use_cache = False
+    checkpointing = backend.resolve_checkpointing(recipe, policy, world)
+    models.set_gradient_checkpointing(policy, checkpointing.layers)
     dtype = torch.bfloat16 if recipe.backend.precision == "bf16" else torch.float32
     reference = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval().requires_grad_(False)
     reference.load_state_dict(policy.state_dict())
@@ -203,7 +203,8 @@ def run_tea(args, device) -> dict:
         })
         print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
     settings = {
-        "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch, "grad_ckpt": grad_ckpt,
+        "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch,
+        "grad_ckpt_layers": checkpointing.layers, "mem_estimate_gib": (checkpointing.estimate or float("nan")) / 2**30,
         "kernels": kernels,
         "logprobs": resolved_kind(engine, device), "attention": getattr(rollout, "attention", "vllm"), "static_cache": static, "compile": compiled,
         "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"),
@@ -348,7 +349,8 @@ def main() -> None:
     p.add_argument("--beta", type=float, default=0.1)
     p.add_argument("--gen-batch", type=int, default=256, help="tea: sequences per generate call")
     p.add_argument("--tea-micro-batch", type=int, default=64)
-    p.add_argument("--tea-grad-ckpt", choices=["auto", "true", "false"], default="auto")
+    p.add_argument("--tea-grad-ckpt", type=grad_ckpt_setting, default="auto",
+                   help="tea: policy.gradient_checkpointing: auto, true, false or a number of layers k (the first k)")
     p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="eager",
                    help="tea: policy.kernels (default eager, the recipe default and the tables before issue 21; auto: liger where installed on CUDA)")
     p.add_argument("--trl-micro-batch", type=int, default=16)

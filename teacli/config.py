@@ -91,11 +91,17 @@ class PolicyConfig:
         "auto", "Weight dtype for generation and forward passes; 'auto' = bfloat16 where supported, else float32."
     )
     attn_implementation: str | None = field(None, "transformers attention implementation ('eager', 'sdpa', 'flash_attention_2'); None = library default.")
-    gradient_checkpointing: bool | Literal["auto"] = field(
+    gradient_checkpointing: bool | int | Literal["auto"] = field(
         True,
-        "Recompute activations in backward to save memory. 'auto' = on only when memory needs it: on CPU never; on "
-        "CUDA when the estimated bf16 activations of one micro-batch without it exceed half the device memory left "
-        "after the weights and optimizer state (docs/performance.md).",
+        "Recompute activations in backward to save memory: true = every decoder layer, false (or 0) = none, an "
+        "integer k = the first k decoder layers only (selective checkpointing: a checkpointed layer keeps only its "
+        "input; k above the model's layer count stops `tea train` before training). 'auto' = the fewest layers whose "
+        "estimated activations fit: none on CPU; on CUDA the smallest k for which the estimated bf16 activations of one "
+        "micro-batch, micro_batch_size × (data.max_prompt_tokens + rollout.max_new_tokens) tokens × 2 bytes × "
+        "((layers − k)·(16·hidden + 3·intermediate) + k·hidden) (one uncheckpointed layer's worth at k = all, for the "
+        "recompute), fit in half the device memory left after the weights and optimizer state; the k of least memory "
+        "when none does (never all layers: checkpointing the last one too saves nothing; docs/performance.md). Any k > 0 turns off optim.share_prompts' shared KV cache.",
+        ge=0,
     )
     kernels: Literal["auto", "eager", "liger", "compile"] = field(
         "eager",
@@ -328,7 +334,7 @@ class OptimConfig:
     max_grad_norm: float = field(1.0, "Gradient clipping norm (0 = off).", ge=0.0)
     share_prompts: bool = field(
         True, "Run each distinct prompt of a micro-batch through the model once and its m completions on its KV cache "
-        "(same log-probs and gradients, the prompt's work done once instead of m times); off with gradient checkpointing.",
+        "(same log-probs and gradients, the prompt's work done once instead of m times); off when any layer is gradient-checkpointed.",
     )
     micro_batch_size: int = field(8, "At most this many sequences per forward/backward: a rank's P*m/W sequences are split evenly into ceil(P*m/W / this) length-sorted micro-batches, one optimizer update per step.", ge=1)
 

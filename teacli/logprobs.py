@@ -121,7 +121,11 @@ def cache_rows(cache, rows: "Tensor", into: Any) -> Any:
 
 
 def can_share_prompts(model, fused: str = "auto") -> bool:
-    """Whether `shared_prompt_logprobs` applies to `model`: logits = head(hidden), and no gradient checkpointing."""
+    """Whether `shared_prompt_logprobs` applies to `model`: logits = head(hidden), and no layer gradient-checkpointed.
+
+    Checkpointing only some layers (policy.gradient_checkpointing: k) still rules it out: each checkpointed
+    layer drops the KV cache (transformers sets past_key_values=None there, since recomputing it in backward
+    would write the cache a second time), so the completions would not see the prompt in those layers."""
     head, _ = _head_and_decoder(model)
     return fused != "plain" and head is not None and not getattr(base_model(model), "is_gradient_checkpointing", False)
 

@@ -113,36 +113,109 @@ def resolve_precision(precision: str, device: "torch.device") -> str:
     return precision
 
 
-def gradient_checkpointing(recipe: "Recipe", model, world: World) -> bool:
-    """policy.gradient_checkpointing resolved: true/false as written; `auto` = on only when memory needs it.
+@dataclass(frozen=True)
+class Checkpointing:
+    """policy.gradient_checkpointing resolved: the first `layers` of the model's `of` decoder layers are
+    checkpointed. On CUDA, with the model's shape known, also the estimates behind it (bytes): `activations`
+    of one micro-batch with those layers checkpointed, `states` (model_state_bytes), and `budget`, the half of
+    the device's `total` memory that the model states leave, which `auto` fits the activations into."""
 
-    The rule for `auto`: never on CPU (there it only costs time). On CUDA, on when the estimated
-    activations of one micro-batch without checkpointing exceed half of the device memory left after
-    the model states. Activations: micro_batch_size × (data.max_prompt_tokens + rollout.max_new_tokens)
-    tokens × layers × 2 bytes × (16·hidden + 3·intermediate) (bf16; calibrated on a Llama-3.2-1B shape,
-    where it predicts 43 GB for 64 × 384 tokens against 40 GiB measured; the log-softmax is chunked
-    and not counted). Model states per parameter: 2 bytes of bf16 weights (a reference model another 2),
-    and for trainable ones 2 of gradient and 12 of fp32 master weights and AdamW moments, divided over
-    the processes as the ZeRO stage partitions them.
+    setting: "bool | int | str"
+    layers: int
+    of: int
+    activations: int | None = None
+    states: int | None = None
+    budget: int | None = None
+    total: int | None = None
+
+    @property
+    def estimate(self) -> int | None:
+        """Estimated peak bytes of the training phase: model states + activations (None off CUDA)."""
+        return None if self.activations is None or self.states is None else self.states + self.activations
+
+    def describe(self) -> str:
+        """The line `tea train` prints at start."""
+        what = {0: "off", self.of: f"all {self.of} decoder layers"}.get(self.layers, f"the first {self.layers} of {self.of} decoder layers")
+        line = f"gradient checkpointing: {what} (policy.gradient_checkpointing: {str(self.setting).lower()})"
+        if self.estimate is not None:
+            gib = 2**30
+            line += (f"; estimated activations of one micro-batch {self.activations / gib:.1f} GiB (budget {self.budget / gib:.1f} GiB: "
+                     f"half of the {self.total / gib:.1f} GiB device less {self.states / gib:.1f} GiB of model states), "
+                     f"training peak ~{self.estimate / gib:.1f} GiB")
+        return line
+
+
+def activation_bytes(tokens: int, layers: int, hidden: int, intermediate: int, checkpointed: int = 0) -> int:
+    """Estimated bf16 activation bytes that backward needs of one micro-batch of `tokens` tokens through
+    `layers` decoder layers, the first `checkpointed` of them gradient-checkpointed.
+
+    An uncheckpointed layer keeps 2 bytes × (16·hidden + 3·intermediate) per token (calibrated on the
+    Llama-3.2-1B shape: 45.1 GB = 42.0 GiB for 64 × 384 tokens and no checkpointing, against a measured
+    40 GiB); a checkpointed one keeps only its input, 2 bytes × hidden per token. While backward recomputes
+    a checkpointed layer, that layer's full activations exist again; checkpointing the first layers puts the
+    recompute after the others' activations are freed (teacli.models.set_gradient_checkpointing), so it
+    adds to the peak only when every layer is checkpointed: one full layer then. The head's log-softmax is
+    chunked (teacli/logprobs.py) and not counted.
     """
-    setting = recipe.policy.gradient_checkpointing
-    if setting != "auto":
-        return bool(setting)
-    if world.device.type != "cuda":
-        return False
-    import torch
+    full = tokens * 2 * (16 * hidden + 3 * intermediate)
+    kept = tokens * 2 * hidden
+    return max(layers - checkpointed, 1) * full + checkpointed * kept
 
+
+def auto_checkpoint_layers(budget: int, tokens: int, layers: int, hidden: int, intermediate: int) -> int:
+    """The fewest layers (checkpointed from the first) whose `activation_bytes` fit in `budget` bytes; when
+    none fits, the number with the smallest estimate (the least memory there is to have).
+
+    Never all of them when fewer fit: with every layer checkpointed, backward recomputes the last one while
+    all the others' inputs are still held, which is the peak of leaving the last one alone, plus its input.
+    """
+    estimates = [activation_bytes(tokens, layers, hidden, intermediate, k) for k in range(layers + 1)]
+    fits = [k for k, e in enumerate(estimates) if e <= budget]
+    return fits[0] if fits else min(range(layers + 1), key=estimates.__getitem__)
+
+
+def resolve_checkpointing(recipe: "Recipe", model, world: World) -> Checkpointing:
+    """policy.gradient_checkpointing for `model` (before LoRA and ZeRO-3 wrap it): true = every decoder
+    layer, false = none, an integer k = the first k; `auto` = the fewest that fit (`auto_checkpoint_layers`).
+
+    The rule for `auto`: none on CPU (there it only costs time). On CUDA, the smallest k whose estimated
+    activations of one micro-batch (`activation_bytes` of micro_batch_size × (data.max_prompt_tokens +
+    rollout.max_new_tokens) tokens: the recipe's worst case, not a batch's actual lengths) fit in half of the
+    device memory left after the model states (`model_state_bytes`); every layer for an architecture whose
+    shape it cannot read. k above the model's layer count is a ValueError naming the key.
+    """
+    from teacli.models import checkpointable_layers
+
+    setting = recipe.policy.gradient_checkpointing
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = getattr(text, "hidden_size", None)
-    layers = getattr(text, "num_hidden_layers", None)
-    if not hidden or not layers:
-        return True  # unknown architecture: the safe choice
+    hidden, n_config = getattr(text, "hidden_size", None), getattr(text, "num_hidden_layers", None)
+    of = len(checkpointable_layers(model)) or n_config or 0
+    if isinstance(setting, bool):
+        layers = of if setting else 0
+    elif isinstance(setting, int):
+        if setting > of:
+            raise ValueError(f"policy.gradient_checkpointing: {setting} layers, but {type(model).__name__} has {of} decoder "
+                             f"layers; use 0 to {of}, true (all), false or auto")
+        layers = setting
+    elif world.device.type != "cuda":
+        layers = 0
+    elif not hidden or not of:
+        return Checkpointing(setting, of, of)  # unknown architecture: the safe choice
+    else:
+        layers = -1  # chosen below, from the estimates
+    if world.device.type != "cuda" or not hidden or not of:
+        return Checkpointing(setting, layers, of)
+    import torch
+
     inter = getattr(text, "intermediate_size", None) or 4 * hidden
     tokens = recipe.optim.micro_batch_size * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
-    activations = tokens * layers * 2 * (16 * hidden + 3 * inter)
     total = torch.cuda.get_device_properties(world.device).total_memory
-    return activations > 0.5 * (total - model_state_bytes(recipe, model, world))
+    states = model_state_bytes(recipe, model, world)
+    budget = (total - states) // 2
+    if layers < 0:
+        layers = auto_checkpoint_layers(budget, tokens, of, hidden, inter)
+    return Checkpointing(setting, layers, of, activation_bytes(tokens, of, hidden, inter, layers), states, budget, total)
 
 
 def model_state_bytes(recipe: "Recipe", model, world: World) -> int:
@@ -162,6 +235,18 @@ def model_state_bytes(recipe: "Recipe", model, world: World) -> int:
     grads = 2 * n_train / (w if stage >= 2 else 1)
     optim = 0 if recipe.backend.offload_optimizer else 12 * n_train / (w if stage >= 1 else 1)
     return int(weights + grads + optim)
+
+
+def peak_memory_gib(device: "torch.device") -> float | None:
+    """The most memory torch's allocator had allocated on `device` since the last call (or the start), in
+    GiB (torch.cuda.max_memory_allocated); the count starts again from what is allocated now. None off CUDA."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
 
 
 def deepspeed_config(recipe: "Recipe", world: World, grad_accum: int, precision: str) -> dict[str, Any]:

@@ -212,10 +212,9 @@ def _setup(recipe: "Recipe", world):
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"
     if cpu_attention:  # grouped K/V without copies, multi-query bf16 attention in fp32 (models.sdpa_gqa_attention)
         policy.set_attn_implementation(models.register_sdpa_gqa())
-    if backend.gradient_checkpointing(recipe, policy, world):  # `auto`: only when memory needs it
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        policy.config.use_cache = False
     try:
+        checkpointing = backend.resolve_checkpointing(recipe, policy, world)  # `auto`: the fewest layers that fit
+        models.set_gradient_checkpointing(policy, checkpointing.layers)
         kernels = resolve_kernels(recipe.policy.kernels, policy, world.device)
     except ValueError as exc:
         raise TrainError(str(exc)) from None
@@ -248,7 +247,7 @@ def _setup(recipe: "Recipe", world):
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
-    return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report
+    return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing
 
 
 # ------------------------------------------------------------------------------------------------
@@ -502,10 +501,16 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
 
-    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report = _setup(recipe, world)
+    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world)
     on_rank0(world, commit_run_dir, run, recipe, resume, data_report)
     if resume.restart:
         say(world, resume.note(run, recipe))
+    if checkpointing.layers or checkpointing.estimate is not None:  # nothing on a CPU run that checkpoints nothing
+        say(world, checkpointing.describe())
+    # Recorded with every step (an execution key: a resumed run may change it), beside the measured peaks.
+    memory = {"grad_ckpt_layers": checkpointing.layers}
+    if checkpointing.estimate is not None:
+        memory["mem_estimate_gib"] = checkpointing.estimate / 2**30
     if (warning := dropped_warning(data_report)) is not None:
         say(world, warning)
     start, position = resume.step, 0
@@ -542,6 +547,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
                 sink.note(f"step 0 (untrained policy): validation {result['score']:.4f}")
         for step in range(start, recipe.optim.steps):
             t_step = time.perf_counter()
+            backend.peak_memory_gib(world.device)  # CUDA: count this step's peaks from here
             phase = "generation (rollout.batch_size, rollout.max_new_tokens)"
             rollout.wake()
             with backend.generation_weights(engine, recipe.backend.zero_stage):
@@ -555,13 +561,18 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             if sel.filled.any():  # dynamic sampling ran out of rounds: these groups only keep the step's shape
                 advantages[sel.filled] = 0.0
             phase = "training (optim.micro_batch_size, policy.gradient_checkpointing)"
+            peaks = [backend.peak_memory_gib(world.device)]
             t0 = time.perf_counter()
             stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, world.device, is_level=is_level)
             t_train = time.perf_counter() - t0 - stats.pop("time_ref_logprobs")
             t_ref = time.perf_counter() - t0 - t_train
+            peaks.append(backend.peak_memory_gib(world.device))
             t0 = time.perf_counter()
             rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))
             t_sync = time.perf_counter() - t0
+            peaks.append(backend.peak_memory_gib(world.device))
+            if peaks[0] is not None:  # CUDA: torch.cuda.max_memory_allocated of the step and of its training phase
+                memory.update(gpu_peak_gib=max(peaks), gpu_peak_train_gib=peaks[1])
             lengths = torch.tensor([len(c.token_ids) for g in groups for c in g], dtype=torch.float32)
             elapsed = time.perf_counter() - t_step
             record = {
@@ -580,6 +591,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
                 **rollout.stats(),  # vllm: log-prob agreement with the trainer after the last push
                 **sel.stats,  # dynamic sampling: rounds, dropped and filled groups
                 **tail_check_stats(rewards),  # the groups' upper-tail QQ R² (docs/diagnostics.md)
+                **memory,  # checkpointed layers; CUDA: the estimated and measured peaks (GiB)
             }
             # The norm is global (the same on every rank), and so is whether the clip bound.
             record["grad_clipped"] = recipe.optim.max_grad_norm > 0 and stats["grad_norm"] > recipe.optim.max_grad_norm

@@ -85,11 +85,11 @@ def test_liger_logprobs_match_the_chunked_and_full_logits(tiny, cuda, dtype):
 
 def test_gradient_checkpointing_auto_is_off_for_a_small_model_on_a_big_gpu(tiny, cuda):
     from teacli.config import Recipe
-    from teacli.train.backend import World, gradient_checkpointing
+    from teacli.train.backend import World, resolve_checkpointing
 
     recipe = Recipe()
     recipe.policy.gradient_checkpointing = "auto"
     world = World(rank=0, world_size=1, local_rank=0, device=cuda)
-    assert gradient_checkpointing(recipe, tiny[1], world) is False
+    assert resolve_checkpointing(recipe, tiny[1], world).layers == 0
     recipe.optim.micro_batch_size, recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = 10**6, 10**4, 10**4
-    assert gradient_checkpointing(recipe, tiny[1], world) is True
+    assert resolve_checkpointing(recipe, tiny[1], world).layers == 1  # of 2: the least memory (the last layer is never worth it)

@@ -1,15 +1,23 @@
-"""policy.gradient_checkpointing: auto — the memory rule of train/backend.py, at its threshold."""
+"""policy.gradient_checkpointing: true, false, a number of layers k, or auto — the memory rule of
+train/backend.py (the fewest checkpointed layers whose estimate fits), the selective checkpointing of
+models.set_gradient_checkpointing (the gradients of the whole model, with and without LoRA), what it
+means for shared prompts, and the recipe key."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_lm import make_causal_lm, make_tokenizer
+from tiny_lm import make_causal_lm, make_tokenizer, tiny_recipe
 
-from teacli.config import Recipe, RecipeError, load_recipe
+from teacli.config import LoraConfig, Recipe, RecipeError, load_recipe, recipe_from_dict
+from teacli.models import checkpointable_layers, set_gradient_checkpointing
 from teacli.train import backend
+
+# The Llama-3.2-1B shape of the formula's calibration: 64 sequences of 384 tokens.
+TOKENS, LAYERS, HIDDEN, INTER = 64 * 384, 16, 2048, 8192
 
 
 def recipe(mb: int = 8) -> Recipe:
@@ -23,29 +31,153 @@ def world(device: str) -> backend.World:
     return backend.World(rank=0, world_size=1, local_rank=0, device=torch.device(device))
 
 
-def test_auto_turns_on_exactly_when_activations_exceed_half_the_free_memory(monkeypatch):
+def card(monkeypatch, total: int) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d: SimpleNamespace(total_memory=total))
+
+
+def test_activation_estimate_counts_a_checkpointed_layer_by_its_input():
+    full = TOKENS * 2 * (16 * HIDDEN + 3 * INTER)  # bytes one uncheckpointed layer keeps (bf16)
+    kept = TOKENS * 2 * HIDDEN  # a checkpointed layer: its input
+    assert backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER) == LAYERS * full == 45_097_156_608  # the docs' 45.1 GB
+    for k in range(1, LAYERS):
+        assert backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, k) == (LAYERS - k) * full + k * kept
+    # All checkpointed: backward recomputes one layer while every input is held.
+    assert backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, LAYERS) == full + LAYERS * kept
+
+
+def test_auto_picks_the_fewest_layers_whose_estimate_fits():
+    full, kept = TOKENS * 2 * (16 * HIDDEN + 3 * INTER), TOKENS * 2 * HIDDEN
+    pick = lambda budget: backend.auto_checkpoint_layers(budget, TOKENS, LAYERS, HIDDEN, INTER)  # noqa: E731
+    assert pick(LAYERS * full) == 0  # fits without checkpointing: off, as before
+    assert pick(LAYERS * full - 1) == 1  # just over the line: one layer, not all
+    for k in range(1, LAYERS):
+        at_k = (LAYERS - k) * full + k * kept
+        assert pick(at_k) == k and pick(at_k + 1) == k and pick(at_k - 1) == k + 1 - (k == LAYERS - 1), k
+    # Nothing fits: the least memory, which is all but the last layer (checkpointing it too only adds its input).
+    assert pick(0) == LAYERS - 1 == min(range(LAYERS + 1), key=lambda k: backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, k))
+    assert backend.auto_checkpoint_layers(0, TOKENS, 1, HIDDEN, INTER) == 0  # one layer: recomputing it never helps
+
+
+def test_auto_on_a_card_checkpoints_the_layers_the_budget_needs(monkeypatch):
     model = make_causal_lm(make_tokenizer())  # hidden 64, 2 layers, intermediate 128
     n = sum(p.numel() for p in model.parameters())
-    activations = 8 * (100 + 28) * 2 * 2 * (16 * 64 + 3 * 128)  # mb x tokens x layers x bf16 x (16 h + 3 i)
+    tokens = 8 * (100 + 28)  # micro-batch x (max_prompt_tokens + max_new_tokens)
+    full, kept = tokens * 2 * (16 * 64 + 3 * 128), tokens * 2 * 64
     states = 2 * n + 2 * n + 2 * n + 12 * n  # weights, reference (beta > 0), gradients, fp32 master + AdamW
-    for total, expected in ((states + 2 * activations + 2, False), (states + 2 * activations - 2, True)):
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d, t=total: SimpleNamespace(total_memory=t))
-        assert backend.gradient_checkpointing(recipe(), model, world("cuda")) is expected, total
-    assert backend.gradient_checkpointing(recipe(), model, world("cpu")) is False  # never on CPU
-    for setting in (True, False):
+    # Budget = half of what the states leave: 2 full layers fit exactly, then one short of it, then of 1 + 1 kept.
+    for budget, layers in ((2 * full, 0), (2 * full - 1, 1), (full + kept, 1), (full + kept - 1, 1)):
+        card(monkeypatch, states + 2 * budget)
+        got = backend.resolve_checkpointing(recipe(), model, world("cuda"))
+        assert (got.layers, got.of, got.states, got.budget) == (layers, 2, states, budget), budget
+        assert got.activations == (2 - layers) * full + layers * kept and got.estimate == states + got.activations
+        assert f"policy.gradient_checkpointing: auto" in got.describe() and "GiB" in got.describe()
+    assert backend.resolve_checkpointing(recipe(), model, world("cpu")).layers == 0  # never on CPU
+    for setting, layers in ((True, 2), (False, 0), (0, 0), (1, 1), (2, 2)):
         r = recipe()
         r.policy.gradient_checkpointing = setting
-        assert backend.gradient_checkpointing(r, model, world("cpu")) is setting
+        assert backend.resolve_checkpointing(r, model, world("cpu")) == backend.Checkpointing(setting, layers, 2)
+    r.policy.gradient_checkpointing = 3
+    with pytest.raises(ValueError, match=r"^policy.gradient_checkpointing: 3 layers, but LlamaForCausalLM has 2 decoder layers"):
+        backend.resolve_checkpointing(r, model, world("cpu"))
 
 
-def test_recipe_accepts_auto_and_bools_only(tmp_path):
+def _gradients(model, batch) -> dict[str, torch.Tensor]:
+    from teacli.logprobs import token_logprobs
+
+    ids, mask, n_prompt, weights = batch
+    model.zero_grad(set_to_none=True)
+    (token_logprobs(model, ids, mask, n_prompt) * weights).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_checkpointing_the_first_k_layers_keeps_the_gradients(lora):
+    from teacli.lora import apply_lora
+
+    tok = make_tokenizer()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, len(tok), (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    batch = (ids, mask, 5, torch.randn(3, 7, generator=g))
+    config = LoraConfig(enabled=True, r=4, alpha=8)
+    want = None
+    for k in (0, 1, 3):  # of L = 3
+        model = make_causal_lm(tok, num_hidden_layers=3).float()
+        set_gradient_checkpointing(model, k)
+        assert [layer.gradient_checkpointing for layer in checkpointable_layers(model)] == [i < k for i in range(3)]
+        if lora:
+            model = apply_lora(model, config)
+        calls = []
+        handles = [layer.register_forward_pre_hook(lambda m, a: calls.append(m)) for layer in checkpointable_layers(model)]
+        grads = _gradients(model.train(), batch)
+        for h in handles:
+            h.remove()
+        assert len(calls) == 3 + k  # each checkpointed layer ran again in backward: the recompute happened
+        if lora:
+            assert grads and all("lora_" in n for n in grads)
+        if want is None:
+            want = grads
+            continue
+        assert grads.keys() == want.keys()
+        for name, grad in want.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=f"k={k} {name}")
+
+
+def test_any_checkpointed_layer_rules_out_shared_prompts():
+    from teacli.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
+
+    tok = make_tokenizer()
+    model = make_causal_lm(tok, num_hidden_layers=3).float().train()
+    set_gradient_checkpointing(model, 1)
+    assert not can_share_prompts(model)
+    g = torch.Generator().manual_seed(1)
+    prompts, completions = torch.randint(10, len(tok), (2, 5), generator=g), torch.randint(10, len(tok), (4, 4), generator=g)
+    row_of = torch.tensor([0, 0, 1, 1])
+    whole = torch.cat([prompts[row_of], completions], 1)
+    want = token_logprobs(model, whole, torch.ones_like(whole), 5)
+    # Why: the checkpointed layer drops the prompt's KV cache, so the shared path cannot give these values.
+    try:
+        got = shared_prompt_logprobs(model, prompts, torch.ones_like(prompts), row_of, completions, torch.ones_like(completions))
+    except (TypeError, AttributeError):
+        pass
+    else:
+        assert not torch.allclose(got, want, atol=1e-4)
+    set_gradient_checkpointing(model, 0)  # off again: sharing is back, with the same values
+    assert can_share_prompts(model)
+    got = shared_prompt_logprobs(model, prompts, torch.ones_like(prompts), row_of, completions, torch.ones_like(completions))
+    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_recipe_accepts_auto_bools_and_a_number_of_layers(tmp_path):
     base = "policy: {name_or_path: p, gradient_checkpointing: %s}\ndata: {dir: d}\n"
-    for text, value in (("auto", "auto"), ("true", True), ("false", False)):
+    for text, value in (("auto", "auto"), ("true", True), ("false", False), ("0", 0), ("4", 4)):
         (tmp_path / "r.yaml").write_text(base % text)
-        assert load_recipe(tmp_path / "r.yaml").policy.gradient_checkpointing == value
-    (tmp_path / "r.yaml").write_text(base % "sometimes")
-    with pytest.raises(RecipeError, match="policy.gradient_checkpointing.*r.yaml"):
-        load_recipe(tmp_path / "r.yaml")
+        loaded = load_recipe(tmp_path / "r.yaml").policy.gradient_checkpointing
+        assert loaded == value and type(loaded) is type(value)
+    for text, why in (("sometimes", "has the wrong type"), ("-1", "out of range: must be >= 0"), ("2.5", "has the wrong type")):
+        (tmp_path / "r.yaml").write_text(base % text)
+        with pytest.raises(RecipeError, match=f"^policy.gradient_checkpointing: .*{why}.*r.yaml") as err:
+            load_recipe(tmp_path / "r.yaml")
+        assert "\n" not in str(err.value)
     (tmp_path / "r.yaml").write_text("policy: {name_or_path: p}\ndata: {dir: d}\nrollout: {compile: maybe}\n")
     with pytest.raises(RecipeError, match="rollout.compile.*r.yaml"):
         load_recipe(tmp_path / "r.yaml")
+
+
+def test_train_checkpoints_k_layers_and_refuses_more_than_the_model_has(world, tmp_path):
+    from tiny_lm import make_assets
+
+    from teacli.train.errors import TrainError
+    from teacli.train.loop import train
+
+    assets = make_assets(tmp_path / "assets")
+    rec = lambda layers: recipe_from_dict(tiny_recipe(  # noqa: E731
+        assets / "policy", assets / "data", policy__gradient_checkpointing=layers, optim__steps=1, validation__enabled=False))
+    with pytest.raises(TrainError) as err:
+        train(rec(3), tmp_path / "bad")
+    assert str(err.value) == ("policy.gradient_checkpointing: 3 layers, but LlamaForCausalLM has 2 decoder layers; "
+                              "use 0 to 2, true (all), false or auto")
+    train(rec(1), tmp_path / "run")
+    (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["grad_ckpt_layers"] == 1 and "gpu_peak_gib" not in row  # the peaks are CUDA's only
