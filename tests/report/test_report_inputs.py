@@ -5,6 +5,7 @@ output directory either the whole new report or untouched; a reused --out keeps 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -48,16 +49,24 @@ def bon(run: Path) -> Path:
     return run / "eval" / f"{SPLIT}-M{M}.bon.json"
 
 
-def test_flow_style_recipe_fills_the_budget_column(two, tmp_path):
-    # recipe.yaml as `tea train` writes it: `rollout: {engine: hf, ..., group_size: 64, ...}`.
-    assert "rollout: {" in (two[0] / "recipe.yaml").read_text()
+@pytest.mark.parametrize("style", ["as written", "flow"])
+def test_flow_style_recipe_fills_the_budget_column(two, tmp_path, style):
+    # recipe.yaml as `tea train` writes it (sections of scalars in flow style, `eval: {split: ..., M: ...}`;
+    # rollout in block style since it holds the vllm_kwargs mapping), and all in flow style,
+    # `rollout: {engine: hf, ..., group_size: 64, ...}`.
+    import yaml
+
+    path = two[0] / "recipe.yaml"
+    if style == "flow":
+        path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()), sort_keys=False, default_flow_style=True))
+        assert "rollout: {" in path.read_text()
     res = report(*two, "--out", tmp_path / "r")
     assert res.exit_code == 0, res.output
     assert "| grpo | m=64 |" in (tmp_path / "r" / "frontier.md").read_text()
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda t: t.replace("group_size: 64, ", ""), "rollout.group_size is missing"),
+    (lambda t: re.sub(r"group_size: 64, |\n *group_size: 64(?=\n)", "", t), "rollout.group_size is missing"),
     (lambda t: "", "is empty"),
     (lambda t: t.replace("group_size: 64", "group_size: lots"), "rollout.group_size must be a positive integer, got 'lots'"),
     (lambda t: t.replace("advantage:", "advantage: {name: [tea]}\nx:"), "advantage.name must be a rule name"),
