@@ -36,7 +36,7 @@ def strip_records(src: Path, dst: Path) -> int:
 
 def restore(dest_runs: Path) -> None:
     for f in sorted(DEST.rglob("*")):
-        if not f.is_file() or f.name == ".gitattributes":
+        if not f.is_file():
             continue
         out = dest_runs / f.relative_to(DEST)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,10 @@ def events() -> dict[str, list[tuple[int, str]]]:
 
 def main() -> None:
     ev = events()
+
+    def wall(key: str) -> int:  # seconds from a process's first event to its last
+        return ev[key][-1][0] - ev[key][0][0]
+
     print("| run | GPU shared with | steps | step (s) | generate | reward | reference | update | grad norm (max) | wall, start to exit (s) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     shared = {"probe1": "probe2, probe3", "probe2": "probe1, probe3", "probe3": "probe1, probe2",
@@ -31,20 +35,16 @@ def main() -> None:
         rows = [json.loads(x) for x in (HERE / run / "metrics.jsonl").read_text().splitlines()]
         steady = [r for r in rows if r["step"] >= 2]
         med = [statistics.median(r[k] for r in steady) for k in PHASES]
-        name = "probe" if run == "probe_judge" else run
-        (t0, _), (t1, _) = ev[name if run != "probe_judge" else "judge"][0], ev[name if run != "probe_judge" else "judge"][-1]
         print(f"| {run} | {shared[run]} | {len(rows)} | " + " | ".join(f"{m:.1f}" for m in med)
-              + f" | {max(r['grad_norm'] for r in rows):.0f} | {t1 - t0} |")
-    evals = [(ev[f"eval{i}"][0][0], ev[f"eval{i}"][-1]) for i in (1, 2, 3)]
-    recs = [int(end[1].split()[-1]) for _, end in evals]
-    secs = [end[0] - start for start, end in evals]
+              + f" | {max(r['grad_norm'] for r in rows):.0f} | {wall('judge' if run == 'probe_judge' else run)} |")
+    recs = [int(ev[f"eval{i}"][-1][1].split()[-1]) for i in (1, 2, 3)]
+    secs = [wall(f"eval{i}") for i in (1, 2, 3)]
     print()
     print(f"Evaluation (`tea eval-bon --n 256 --split heldout_ext`, three processes on one GPU, stopped by a "
           f"{secs[0]} s timeout): {', '.join(map(str, recs))} completions each, "
           f"{sum(recs) / secs[0]:.0f} completions/s for the GPU ({recs[0] / secs[0]:.0f} per process), start-up included.")
     for arm, key in (("rule", "base_rule"), ("judge", "base_judge")):
-        (t0, _), (t1, _) = ev[key][0], ev[key][-1]
-        print(f"Base arm, {arm} reward: 36,864 completions in {t1 - t0} s ({36864 / (t1 - t0):.0f}/s; the two base arms shared one GPU).")
+        print(f"Base arm, {arm} reward: 36,864 completions in {wall(key)} s ({36864 / wall(key):.0f}/s; the two base arms shared one GPU).")
 
 
 if __name__ == "__main__":
