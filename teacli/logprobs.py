@@ -47,6 +47,7 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
     """
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
+    use_nan_safe_sdpa_masks()
     position_ids = positions(attention_mask)
     head, decoder = _head_and_decoder(model)
     if fused == "plain" or head is None:
@@ -78,6 +79,7 @@ def shared_prompt_logprobs(
 
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
+    use_nan_safe_sdpa_masks()
     head, decoder = _head_and_decoder(model)
     if fused == "plain" or head is None:
         raise ValueError("shared_prompt_logprobs needs a plain head(hidden) model (see can_share_prompts)")
@@ -156,6 +158,40 @@ def base_model(model) -> Any:
     if hasattr(module, "get_base_model"):  # peft PeftModel
         module = module.get_base_model()
     return module
+
+
+_NAN_SAFE_MASKS = False
+
+
+def nan_safe_sdpa_mask(*args: Any, **kwargs: Any) -> "Tensor | None":
+    """transformers' `sdpa_mask`, except that a query row with no key to attend to attends to all keys.
+
+    A left-padded position attends to nothing (its keys are padding, later keys are causally
+    masked). On CUDA, torch's SDPA gives such a row 0 in the forward but NaN in the backward
+    (torch 2.11 on an H100, fp32 and bf16: every parameter's gradient non-finite as soon as one row
+    of a batch is left-padded; tests/gpu/test_gpu_kernels.py). The row's output feeds nothing (its
+    key and value stay masked for every real query, and its position predicts no completion token),
+    so unmasking it changes no log-prob and no gradient, and keeps both finite. Rows with any key
+    are returned unchanged.
+    """
+    import torch
+    from transformers.masking_utils import sdpa_mask
+
+    mask = sdpa_mask(*args, **kwargs)
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
+def use_nan_safe_sdpa_masks() -> None:
+    """Make transformers build `sdpa` masks with `nan_safe_sdpa_mask`, for every model of this process
+    (idempotent). Called by the log-prob functions, whose backward is where the NaN appears."""
+    global _NAN_SAFE_MASKS
+    if not _NAN_SAFE_MASKS:
+        from transformers import AttentionMaskInterface
+
+        AttentionMaskInterface.register("sdpa", nan_safe_sdpa_mask)
+        _NAN_SAFE_MASKS = True
 
 
 def _hidden_states(model, decoder, **inputs: Any) -> "Tensor":

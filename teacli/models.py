@@ -479,8 +479,9 @@ def sdpa_gqa_attention(
 
     transformers' own `sdpa` function expands K/V from H_kv to H heads (a copy of the whole cache
     per layer and decode step) whenever a mask is present, which is always the case for left-padded
-    batches; SDPA broadcasts the groups itself. Same mask (transformers' `sdpa_mask`), same causal
-    rule: `is_causal` only when there is no mask and more than one query.
+    batches; SDPA broadcasts the groups itself. Same mask (transformers' `sdpa_mask`, made NaN-safe by
+    `logprobs.nan_safe_sdpa_mask`), same causal rule: `is_causal` only when there is no mask and more
+    than one query.
 
     On CPU, a bf16 attention over more than one query (a prefill, a training or scoring forward) runs
     in fp32 and is cast back: torch's CPU flash-attention backward is ~3x slower in bf16 than in fp32
@@ -511,10 +512,11 @@ def sdpa_gqa_attention(
 def register_sdpa_gqa() -> str:
     """Register `sdpa_gqa` (attention and its mask function) with transformers; idempotent."""
     from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
+
+    from teacli.logprobs import nan_safe_sdpa_mask
 
     AttentionInterface.register(SDPA_GQA, sdpa_gqa_attention)
-    AttentionMaskInterface.register(SDPA_GQA, sdpa_mask)
+    AttentionMaskInterface.register(SDPA_GQA, nan_safe_sdpa_mask)
     return SDPA_GQA
 
 

@@ -159,3 +159,43 @@ def test_shared_prompts_not_with_checkpointing_or_plain_models(tok):
     with pytest.raises(ValueError, match="can_share_prompts"):
         one = torch.ones(1, 2, dtype=torch.long)
         shared_prompt_logprobs(capped, one, one, torch.zeros(1, dtype=torch.long), one, one)
+
+
+def test_nan_safe_sdpa_mask_unmasks_only_rows_with_no_key():
+    """A left-padded query row attends to no key (its own and earlier keys are padding, later ones are
+    causal-masked); on CUDA torch's SDPA backward gives NaN for such rows. The safe mask lets exactly
+    those rows attend to every key and leaves every other row as transformers builds it."""
+    from transformers.masking_utils import sdpa_mask
+
+    attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    kwargs = dict(batch_size=2, q_length=5, kv_length=5, attention_mask=attention, allow_is_causal_skip=False)
+    plain, safe = sdpa_mask(**kwargs), lp_mod.nan_safe_sdpa_mask(**kwargs)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    want = causal & attention[:, None, :]  # [2, q, kv]: causal and key not padding
+    assert torch.equal(plain[:, 0], want)
+    assert not want[0, 0].any() and not want[0, 1].any()  # row 0's two padded queries see nothing
+    want[0, :2] = True  # ... and see every key in the safe mask
+    assert torch.equal(safe[:, 0], want)
+    assert lp_mod.nan_safe_sdpa_mask(batch_size=1, q_length=4, kv_length=4, attention_mask=None) is None  # no padding: no mask
+
+
+def test_log_prob_functions_use_the_nan_safe_mask_and_it_changes_no_value_or_gradient(tok, monkeypatch):
+    from transformers import AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    ids, mask = batch()
+    model = make_causal_lm(tok, seed=0).float()
+    model.config._attn_implementation = "sdpa"
+    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "sdpa", sdpa_mask)
+    monkeypatch.setattr(lp_mod, "_NAN_SAFE_MASKS", True)  # as before the fix: transformers' own mask
+    plain = token_logprobs(model, ids, mask, N_PROMPT)
+    plain.sum().backward()
+    plain_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    monkeypatch.setattr(lp_mod, "_NAN_SAFE_MASKS", False)
+    safe = token_logprobs(model, ids, mask, N_PROMPT)
+    assert ALL_MASK_ATTENTION_FUNCTIONS["sdpa"] is lp_mod.nan_safe_sdpa_mask
+    safe.sum().backward()
+    torch.testing.assert_close(safe, plain, rtol=0, atol=1e-6)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, plain_grads[n], rtol=1e-5, atol=1e-7, msg=lambda m: f"{n}: {m}")

@@ -23,6 +23,7 @@ Multi-process: `prompts_per_step` is global; each rank takes its share of the st
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import time
@@ -379,6 +380,12 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
         grad_norm = engine.get_global_grad_norm()
     stats["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
     stats["optimizer_step"] = backend.optimizer_steps(engine)
+    if grad_norm is not None and not math.isfinite(stats["grad_norm"]):
+        # bf16 without loss scaling applies a non-finite update as it is: stop before anything of this step is saved.
+        raise TrainError(
+            f"non-finite gradient norm ({stats['grad_norm']}) at optimizer step {stats['optimizer_step']}: the update is not "
+            f"saved and a rerun resumes from the last checkpoint; usual causes are a NaN reward or an overflow in "
+            f"policy.dtype={recipe.policy.dtype} (try float32, or a lower optim.lr)")
     stats["time_ref_logprobs"] = t_ref
     if is_level != "off":
         stats.update(importance.is_stats(importance.merge_log_ratios(log_ratios), recipe.rollout.is_cap))

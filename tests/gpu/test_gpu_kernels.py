@@ -89,8 +89,9 @@ def test_liger_and_compile_match_eager_in_bf16(cuda, restore_llama_module, check
     mask[1, L - 40 :] = 0  # a shorter completion
     batch = (ids, mask, n_prompt, torch.randn(B, L - n_prompt, generator=g).to(cuda))
 
-    # The fp32 reference uses eager attention: on an H100 (2026-11-27) its gradients compared with every bf16
-    # path gave NaN, eager bf16 included, with SDPA for the fp32 model, whose left-padded rows attend to no key.
+    # Left-padded rows attend to no key: on an H100 (2026-11-27) the bf16 SDPA backward made every gradient NaN
+    # until the log-prob functions used logprobs.nan_safe_sdpa_mask (tests/gpu/test_gpu_padding.py); the fp32
+    # reference uses eager attention, which never had the problem.
     truth = _run(_llama_1b(cuda, torch.float32, checkpointing, attention="eager"), batch)
     torch.cuda.empty_cache()
     errors = {"eager": _errors(_run(_llama_1b(cuda, torch.bfloat16, checkpointing), batch), truth)}

@@ -222,3 +222,23 @@ def test_too_few_prompts_left_is_a_one_line_error(assets, tmp_path):
     line = [ln for ln in proc.stderr.splitlines() if "rollout.prompts_per_step" in ln]
     assert line and "4 of 6 usable" in line[0] and "raise data.max_prompt_tokens" in line[0], proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_a_non_finite_gradient_norm_stops_the_step_with_one_line(world, zero_stage):
+    """A NaN gradient (here from a NaN advantage) is a TrainError naming the step, not a NaN update that later
+    steps and checkpoints carry on with silently (bf16 has no loss scaler to skip it)."""
+    import torch
+
+    from teacli.train.errors import TrainError
+    from teacli.train.loop import train_step
+
+    tok, recipe, engine, reference, _ = build(world, zero_stage=zero_stage, max_grad_norm=1.0, micro=4, nominal_seqs=8)
+    prompt_ids, groups = make_batch(2, 4, seed=7, vocab=len(tok), eos=tok.eos_token_id)
+    advantages = torch.randn(2, 4, generator=torch.Generator().manual_seed(7))
+    stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id, torch.device("cpu"))
+    assert stats["optimizer_step"] == 1 and stats["grad_norm"] > 0  # finite: the step goes through
+    advantages[1, 2] = float("nan")
+    with pytest.raises(TrainError, match=r"non-finite gradient norm \((nan|inf)\) at optimizer step 2: .*policy\.dtype=") as info:
+        train_step(engine, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id, torch.device("cpu"))
+    assert "\n" not in str(info.value)
