@@ -81,11 +81,30 @@ def smoothed_density(values: "Sequence[float]", edges: "Sequence[float]", sigma_
     return np.convolve(padded, kernel, mode="valid")
 
 
+def tail_window(pooled: "Sequence[float]", centres: "Sequence[float]", tail_quantile: float, min_bins: int = 8) -> tuple[int, str]:
+    """The first bin of the inset's upper tail and the inset's title.
+
+    Normally the bins whose centre lies above the pooled `tail_quantile` quantile. A bounded reward that
+    many completions reach (a rule reward with more than 1 - tail_quantile of its mass at the maximum)
+    puts that quantile at the maximum itself, past every bin centre: the inset would be empty. The
+    window then holds at least the last `min_bins` bins, and the title says why."""
+    import numpy as np
+
+    centres = np.asarray(centres, dtype=np.float64)
+    cut = float(np.quantile(np.asarray(pooled, dtype=np.float64), tail_quantile))
+    start = int(np.searchsorted(centres, cut, side="left"))
+    q = f"q{int(round(100 * tail_quantile))}"
+    if len(centres) - start >= min_bins:
+        return start, f"upper tail (above the pooled {q})"
+    start = max(0, len(centres) - min_bins)
+    return start, f"upper tail (last {len(centres) - start} bins; the pooled {q} is {cut:.3g})"
+
+
 def plot_reward_distribution(series: Mapping[str, "Sequence[float]"], path: Path, title: str, bins: int = 80,
                              sigma_bins: float = 1.5, tail_quantile: float = 0.9) -> Path:
     """Pooled completion rewards per method (paper Fig. `fig:mechanism_reward_distribution`): a density
     histogram on one grid over the common range, smoothed with the same Gaussian kernel for every method,
-    and an inset on the upper tail (rewards above the pooled `tail_quantile` quantile)."""
+    and an inset on the upper tail (rewards above the pooled `tail_quantile` quantile; `tail_window`)."""
     import numpy as np
 
     plt = _pyplot()
@@ -95,10 +114,11 @@ def plot_reward_distribution(series: Mapping[str, "Sequence[float]"], path: Path
         lo, hi = lo - 0.5, hi + 0.5
     edges = np.linspace(lo, hi, bins + 1)
     centres = 0.5 * (edges[:-1] + edges[1:])
-    cut = float(np.quantile(pooled, tail_quantile))
+    start, label = tail_window(pooled, centres, tail_quantile)
+    cut = float(edges[start])
     fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
     inset = ax.inset_axes([0.62, 0.5, 0.35, 0.42])
-    tail = centres >= cut
+    tail = np.arange(len(centres)) >= start
     top = 0.0
     for name, values in series.items():
         density = smoothed_density(values, edges, sigma_bins)
@@ -107,7 +127,7 @@ def plot_reward_distribution(series: Mapping[str, "Sequence[float]"], path: Path
         top = max(top, float(density[tail].max()) if tail.any() else 0.0)
     inset.set_xlim(cut, hi)
     inset.set_ylim(0.0, top * 1.1 if top > 0 else 1.0)
-    inset.set_title(f"upper tail (above the pooled q{int(round(100 * tail_quantile))})", fontsize="x-small")
+    inset.set_title(label, fontsize="x-small")
     inset.tick_params(labelsize="x-small")
     ax.set_xlim(lo, hi)
     ax.set_xlabel("completion reward")

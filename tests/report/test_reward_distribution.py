@@ -54,3 +54,20 @@ def test_report_pools_rewards_per_run_and_adds_the_base_policy(tmp_path):
     np.testing.assert_allclose(sorted(dist["grpo"]), sorted(a.ravel()))
     np.testing.assert_allclose(sorted(dist["base (grpo)"]), sorted(base.ravel()))
     assert reward_distributions(result.report, result.report.runs, "base").keys() == {"grpo", "tea"}
+
+
+def test_tail_window_is_never_empty_when_the_quantile_sits_at_the_maximum():
+    """A bounded reward with more than 10% of completions at its maximum (the GPU study's rule reward: the
+    inset of its first report was empty) puts q90 at the maximum, past every bin centre."""
+    import numpy as np
+
+    from teacli.report.plots import tail_window
+
+    edges = np.linspace(0.0, 1.0, 81)
+    centres = 0.5 * (edges[:-1] + edges[1:])
+    smooth = np.linspace(0.0, 1.0, 1001)  # uniform: q90 = 0.9, the bins from centre 0.90625 on (the last 8 of 80)
+    start, label = tail_window(smooth, centres, 0.9)
+    assert centres[start] >= 0.9 > centres[start - 1] and label == "upper tail (above the pooled q90)"
+    bounded = np.concatenate([np.linspace(0.0, 0.99, 800), np.ones(200)])  # 20% at the maximum 1.0
+    start, label = tail_window(bounded, centres, 0.9)
+    assert start == 80 - 8 and label == "upper tail (last 8 bins; the pooled q90 is 1)"
