@@ -54,3 +54,35 @@ def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatc
         for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
             committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_base" / name
             assert (tmp_path / "out" / reward / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_rule_report_recomputes_from_the_committed_records(tmp_path, monkeypatch, capsys):
+    """docs/results/gpu/report_rule (two-level intervals) and report_rule_prompts_only are what `tea report`
+    computes from the committed records of the rule study; training_rule.md is what study_summary.py prints."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    gpu = DOCS / "results" / "gpu"
+    _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    runs = [f"runs/gpu_bon_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
+    common = ["--baseline", "gpu_bon_grpo", "--bootstrap", "1000", "--seed", "0", "--split", "heldout_ext", "--n", "256",
+              "--checkpoint", "selected", "--endpoints", "64,128,256"]
+    for out, extra in (("report_rule", ["--base-arm", "runs/gpu_bon_grpo-base"]), ("report_rule_prompts_only", ["--bootstrap-levels", "prompts"])):
+        res = CliRunner().invoke(app, ["report", *runs, *common, *extra, "--out", f"out/{out}"])
+        assert res.exit_code == 0, res.output
+        committed = sorted(p for p in (gpu / out).iterdir() if p.suffix in (".md", ".csv"))
+        assert len(committed) >= (2 if out.endswith("only") else 19)
+        for path in committed:
+            assert (tmp_path / "out" / out / path.name).read_text() == path.read_text(), f"{path} differs from a recomputation"
+    capsys.readouterr()
+    _load("study_summary", gpu / "study_summary.py").main("rule")
+    assert capsys.readouterr().out == (gpu / "training_rule.md").read_text()

@@ -1,0 +1,51 @@
+"""The GPU study's training as tables, from its committed files (docs/results/gpu/runs/, study_<reward>.log):
+per run, the validation score at each validation step (* = the selected checkpoint), the pre-clip gradient
+norm (median, max) against the clip, the share of steps the clip bound, the KL to the reference at the last
+step, the median step time and its generation share, and the wall time of training and evaluation.
+
+    python docs/results/gpu/study_summary.py rule > docs/results/gpu/training_rule.md
+"""
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+METHODS = ("grpo", "grpo_z", "tea")
+
+
+def walls(reward: str) -> dict[tuple[str, str], str]:
+    """(stage, run) -> wall time as the study printed it, from its `done` lines."""
+    out = {}
+    for line in (HERE / f"study_{reward}.log").read_text().splitlines():
+        m = re.match(r"\[study \S+\] done  (train|eval-bon) (\S+) in (\S+)$", line)
+        if m:
+            out[(m.group(1), m.group(2))] = m.group(3)
+    return out
+
+
+def main(reward: str) -> None:
+    prefix = "gpu_bon" if reward == "rule" else f"gpu_bon_{reward}"
+    wall = walls(reward)
+    print("| run | validation at 0 / 25 / 50 / 75 (* selected) | grad norm median (max) | clip | steps clipped | KL at the end | step (s) | generation (s) | train wall | eval wall |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for method in METHODS:
+        for run in sorted(HERE.glob(f"runs/{prefix}_{method}-s*")):
+            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines() if line.strip()]
+            chosen = json.loads((run / "selected.json").read_text())["step"]
+            clip = yaml.safe_load((run / "recipe.yaml").read_text())["optim"]["max_grad_norm"]
+            norms = [r["grad_norm"] for r in rows]
+            scores = " / ".join(f"{v['score']:.3f}" + ("*" if v["step"] == chosen else "") for v in val)
+            print(f"| {run.name} | {scores} | {statistics.median(norms):.1f} ({max(norms):.1f}) | {clip:g} | "
+                  f"{sum(n > clip for n in norms) / len(norms):.0%} | {rows[-1]['kl']:.2f} | "
+                  f"{statistics.median(r['time_step'] for r in rows):.1f} | {statistics.median(r['time_generate'] for r in rows):.1f} | "
+                  f"{wall.get(('train', run.name), '–')} | {wall.get(('eval-bon', run.name), '–')} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "rule")
