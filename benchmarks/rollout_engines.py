@@ -13,7 +13,8 @@ sdpa attention, dynamic cache, no compile, each row's prompt prefilled on its ow
 bucketed static cache, torch.compile on CUDA).
 
 `--vllm-kwargs '{"async_scheduling": true}'` (JSON or YAML) passes more `vllm.LLM` arguments to the vllm
-engine (`rollout.vllm_kwargs`, docs/vllm.md); the settings line shows them.
+engine (`rollout.vllm_kwargs`, docs/vllm.md); repeated, it gives one vllm row per setting (each engine
+built, timed and closed before the next), labelled with its arguments.
 
 `--log-prob-costs` adds, for the vllm engine, rows timing vLLM's own `LLM.generate` on the same prompts with
 the SamplingParams tea uses (a seed per prompt, detokenize off) and three ways of asking for log-probs: none,
@@ -54,11 +55,13 @@ def main() -> None:
     parser.add_argument("--hf-batch-size", type=int, default=64)
     parser.add_argument("--log-prob-costs", action="store_true",
                         help="vllm: also time vLLM's generate with no log-probs, logprobs=0 and logprobs=0 flat (rows vllm/...)")
-    parser.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, default={},
-                        help="more vllm.LLM arguments for the vllm engine (rollout.vllm_kwargs), JSON or YAML, e.g. '{\"async_scheduling\": true}'")
+    parser.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, action="append", default=None,
+                        help="more vllm.LLM arguments for the vllm engine (rollout.vllm_kwargs), JSON or YAML, e.g. "
+                             "'{\"async_scheduling\": true}'; repeat it for one vllm row per setting, one engine at a time")
     args = parser.parse_args()
     if args.vllm_kwargs and "vllm" not in args.engines.split(","):
         parser.error("--vllm-kwargs: applies to the vllm engine only (--engines ...,vllm)")
+    settings = args.vllm_kwargs or [{}]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     import torch
@@ -105,20 +108,24 @@ def main() -> None:
                    for i in range(args.prompts)]
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens)
 
-    def vllm_engine():
+    def vllm_engine(kwargs):
         from teacli.rollout.vllm_engine import VLLMEngine
 
         longest = max(len(p) for p in prompts) + args.max_new_tokens
-        cfg = RolloutConfig(engine="vllm", sleep=False, vllm_kwargs=args.vllm_kwargs)
-        return VLLMEngine(cfg, model, tokenizer, dtype=dtype, max_model_len=longest)
+        cfg = RolloutConfig(engine="vllm", sleep=False, vllm_kwargs=kwargs)
+        return lambda: VLLMEngine(cfg, model, tokenizer, dtype=dtype, max_model_len=longest)
 
     builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size),
                 "hf_old": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size, attention="sdpa", kv_cache="dynamic", compile=False,
-                                           share_prefix=False, sampler="multinomial"),
-                "vllm": vllm_engine}
-    engines = {name: builders[name] for name in args.engines.split(",")}
+                                           share_prefix=False, sampler="multinomial")}
+    engines = {}
+    for name in args.engines.split(","):
+        if name == "vllm":  # one row per --vllm-kwargs setting
+            engines.update({vllm_label(kw): vllm_engine(kw) for kw in settings})
+        else:
+            engines[name] = builders[name]
     print(f"model={args.model} dtype={args.dtype} prompts={args.prompts} n={args.n} max_new_tokens={args.max_new_tokens} "
-          f"threads={torch.get_num_threads()}" + (f" vllm_kwargs={args.vllm_kwargs}" if "vllm" in engines else ""))
+          f"threads={torch.get_num_threads()}")
     print("| engine | tokens/s (median) | tokens per call | s per call |")
     print("|---|---|---|---|")
     for name, build in engines.items():
@@ -139,10 +146,17 @@ def main() -> None:
             rates.append(count / dt), tokens.append(count), seconds.append(dt)
         print(f"| {name} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | {statistics.median(seconds):.2f} |"
               f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)")
-        if name == "vllm" and args.log_prob_costs:
+        if name.startswith("vllm") and args.log_prob_costs:
             log_prob_costs(engine, prompts, args, sampling)
         if hasattr(engine, "close"):
             engine.close()
+
+
+def vllm_label(kwargs: dict) -> str:
+    """The table row of a vllm setting: `vllm`, or `vllm {"async_scheduling": true}` with its extra arguments."""
+    import json
+
+    return f"vllm {json.dumps(kwargs, sort_keys=True)}" if kwargs else "vllm"
 
 
 def log_prob_costs(engine, prompts, args, sampling) -> None:
