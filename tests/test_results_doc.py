@@ -37,8 +37,9 @@ def test_links_resolve():
 
 
 def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatch):
-    """The GPU study's tail-fit tables (docs/results/gpu/tail_fit_*_base) are what `tea diagnose tail-fit`
-    computes from the committed base-arm records, restored by docs/results/gpu/collect.py --restore."""
+    """The GPU study's tail-fit tables (docs/results/gpu/tail_fit_*) are what `tea diagnose tail-fit`
+    computes from the committed records (base arms, the rule study's trained runs), restored by
+    docs/results/gpu/collect.py --restore."""
     from typer.testing import CliRunner
 
     from teacli.cli import app
@@ -54,6 +55,12 @@ def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatc
         for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
             committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_base" / name
             assert (tmp_path / "out" / reward / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"
+    trained = [f"runs/gpu_bon_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
+    res = CliRunner().invoke(app, ["diagnose", "tail-fit", *trained, "--split", "heldout_ext", "--n", "256", "--out", "out/trained", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
+        committed = DOCS / "results" / "gpu" / "tail_fit_rule_trained" / name
+        assert (tmp_path / "out" / "trained" / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"
 
 
 def _load(name: str, path: Path):
