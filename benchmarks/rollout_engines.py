@@ -6,11 +6,18 @@
     python benchmarks/rollout_engines.py --model llama1b --dtype bfloat16 --engines hf_old,hf \
         --prompts 256 --n 1 --ragged 96,128 --max-new-tokens 256 --hf-batch-size 256
 
-`llama1b` is a random-initialised Llama-3.2-1B shape (vs_trl.py's), prompts of random tokens whose
+    # where the vllm engine starts to pay (issue 19): model sizes x sequences per call, one invocation per size
+    for m in llama1b llama3b llama8b; do python benchmarks/rollout_engines.py --model $m --dtype bfloat16 \
+        --engines hf,vllm --prompts 64,256,1024 --n 1 --ragged 96,128 --max-new-tokens 256 --hf-batch-size 0; done
+
+`llama1b` is a random-initialised Llama-3.2-1B shape (vs_trl.py's; `llama3b`, `llama8b`: Llama-3.2-3B's and
+Llama-3.1-8B's sizes), prompts of random tokens whose
 lengths are drawn uniformly from --ragged (left-padded in a batch); it rarely emits EOS, so every
 sequence generates max-new-tokens. `hf_old` is the hf engine as it was before issue 12 (transformers'
 sdpa attention, dynamic cache, no compile, each row's prompt prefilled on its own, torch.multinomial); `hf` is the engine's defaults (sdpa_gqa attention,
-bucketed static cache, torch.compile on CUDA).
+bucketed static cache, torch.compile on CUDA). `--prompts 64,256,1024` times every engine at each size
+(one row each, the engine built once); `--hf-batch-size 0` gives the hf engine every sequence of a call
+at once.
 
 `--vllm-kwargs '{"async_scheduling": true}'` (JSON or YAML) passes more `vllm.LLM` arguments to the vllm
 engine (`rollout.vllm_kwargs`, docs/vllm.md); repeated, it gives one vllm row per setting (each engine
@@ -37,22 +44,32 @@ import sys
 import time
 from pathlib import Path
 
+# Random-initialised Llama shapes (no download): vs_trl.py's Llama-3.2-1B and, over it, Llama-3.2-3B's and
+# Llama-3.1-8B's (untied head), to find at which model size the vllm engine starts to pay.
+LLAMA_SHAPES = {
+    "llama1b": {},
+    "llama3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8),
+    "llama8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                    tie_word_embeddings=False),
+}
+
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from vs_trl import vllm_kwargs_arg
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["tiny", "smollm2", "llama1b"], default="tiny")
+    parser.add_argument("--model", choices=["tiny", "smollm2", *LLAMA_SHAPES], default="tiny")
     parser.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, hf_old, vllm")
-    parser.add_argument("--small", action="store_true", help="llama1b: vs_trl.py's tiny shape instead (a CPU smoke run)")
-    parser.add_argument("--ragged", default=None, help="llama1b: min,max prompt length in tokens (default 96,128)")
+    parser.add_argument("--small", action="store_true", help="llama*: vs_trl.py's tiny shape instead (a CPU smoke run)")
+    parser.add_argument("--ragged", default=None, help="llama*: min,max prompt length in tokens (default 96,128)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--prompts", type=prompt_counts, default=[8],
+                        help="prompts per call; a comma list (e.g. 32,128,512) times each engine at each size, one row each")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--hf-batch-size", type=int, default=64)
+    parser.add_argument("--hf-batch-size", type=int, default=64, help="sequences per hf generate call; 0: all of a call's sequences at once")
     parser.add_argument("--log-prob-costs", action="store_true",
                         help="vllm: also time vLLM's generate with no log-probs, logprobs=0 and logprobs=0 flat (rows vllm/...)")
     parser.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, action="append", default=None,
@@ -73,12 +90,13 @@ def main() -> None:
 
     dtype = getattr(torch, args.dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.model == "llama1b":
+    most = max(args.prompts)
+    if args.model in LLAMA_SHAPES:
         from transformers import LlamaForCausalLM
 
-        from vs_trl import llama_config, tokenizer_for
+        from vs_trl import tokenizer_for
 
-        config = llama_config(small=args.small)
+        config = llama_shape(args.model, args.small)
         tokenizer = tokenizer_for(config.vocab_size)
         config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         torch.manual_seed(0)
@@ -86,7 +104,7 @@ def main() -> None:
         lo, hi = (int(x) for x in (args.ragged or "96,128").split(","))
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, config.vocab_size - 2, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
-                   for _ in range(args.prompts)]
+                   for _ in range(most)]
     elif args.model == "tiny":
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from tiny_lm import make_causal_lm, make_tokenizer
@@ -101,11 +119,11 @@ def main() -> None:
         import json
         from importlib.resources import files
 
-        lines = files("teacli.data").joinpath("builtin", "prompts.jsonl").read_text().splitlines()[: args.prompts]
+        lines = files("teacli.data").joinpath("builtin", "prompts.jsonl").read_text().splitlines()[:most]
         questions = [json.loads(line)["messages"][-1]["content"] for line in lines]
-    if args.model != "llama1b":
+    if args.model not in LLAMA_SHAPES:
         prompts = [encode_chat(tokenizer, [{"role": "user", "content": questions[i % len(questions)]}], add_generation_prompt=True)
-                   for i in range(args.prompts)]
+                   for i in range(most)]
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens)
 
     def vllm_engine(kwargs):
@@ -115,8 +133,9 @@ def main() -> None:
         cfg = RolloutConfig(engine="vllm", sleep=False, vllm_kwargs=kwargs)
         return lambda: VLLMEngine(cfg, model, tokenizer, dtype=dtype, max_model_len=longest)
 
-    builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size),
-                "hf_old": lambda: HFEngine(model, tokenizer, batch_size=args.hf_batch_size, attention="sdpa", kv_cache="dynamic", compile=False,
+    hf_batch = args.hf_batch_size or most * args.n
+    builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=hf_batch),
+                "hf_old": lambda: HFEngine(model, tokenizer, batch_size=hf_batch, attention="sdpa", kv_cache="dynamic", compile=False,
                                            share_prefix=False, sampler="multinomial")}
     engines = {}
     for name in args.engines.split(","):
@@ -124,32 +143,60 @@ def main() -> None:
             engines.update({vllm_label(kw): vllm_engine(kw) for kw in settings})
         else:
             engines[name] = builders[name]
-    print(f"model={args.model} dtype={args.dtype} prompts={args.prompts} n={args.n} max_new_tokens={args.max_new_tokens} "
-          f"threads={torch.get_num_threads()}")
-    print("| engine | tokens/s (median) | tokens per call | s per call |")
-    print("|---|---|---|---|")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model={args.model} ({n_params / 1e6:,.1f} M parameters) dtype={args.dtype} prompts={','.join(map(str, args.prompts))} "
+          f"n={args.n} max_new_tokens={args.max_new_tokens} hf batch={hf_batch} threads={torch.get_num_threads()}")
+    print("| engine | sequences per call | tokens/s (median) | tokens per call | s per call |")
+    print("|---|---|---|---|---|")
     for name, build in engines.items():
         t0 = time.perf_counter()
         engine = build()
         t_build = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        engine.generate(prompts, args.n, sampling, seed=0)  # warm-up (compiles, where the engine compiles)
-        t_warm = time.perf_counter() - t0
-        rates, tokens, seconds = [], [], []
-        for r in range(args.repeats):
+        for k in args.prompts:
+            batch = prompts[:k]
             t0 = time.perf_counter()
-            out = engine.generate(prompts, args.n, sampling, seed=r + 1)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            count = sum(len(c.token_ids) for row in out for c in row)
-            rates.append(count / dt), tokens.append(count), seconds.append(dt)
-        print(f"| {name} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | {statistics.median(seconds):.2f} |"
-              f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)")
-        if name.startswith("vllm") and args.log_prob_costs:
-            log_prob_costs(engine, prompts, args, sampling)
+            engine.generate(batch, args.n, sampling, seed=0)  # warm-up (compiles, where the engine compiles)
+            t_warm = time.perf_counter() - t0
+            rates, tokens, seconds = [], [], []
+            for r in range(args.repeats):
+                t0 = time.perf_counter()
+                out = engine.generate(batch, args.n, sampling, seed=r + 1)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                count = sum(len(c.token_ids) for row in out for c in row)
+                rates.append(count / dt), tokens.append(count), seconds.append(dt)
+            print(f"| {name} | {k * args.n} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | "
+                  f"{statistics.median(seconds):.2f} |  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)", flush=True)
+            if name.startswith("vllm") and args.log_prob_costs:
+                log_prob_costs(engine, batch, args, sampling)
         if hasattr(engine, "close"):
             engine.close()
+
+
+def llama_shape(model: str, small: bool):
+    """The LlamaConfig of a LLAMA_SHAPES entry (vs_trl.py's config with the entry's sizes; `small`: vs_trl's tiny one)."""
+    from transformers import LlamaConfig
+
+    from vs_trl import llama_config, shapes
+
+    if small or not LLAMA_SHAPES[model]:
+        return llama_config(small=small)
+    sizes = {**shapes(False), **LLAMA_SHAPES[model]}  # head_dim follows hidden / heads
+    config = LlamaConfig(**{"tie_word_embeddings": True, **sizes}, max_position_embeddings=4096, rope_theta=500000.0)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def prompt_counts(text: str) -> list[int]:
+    """--prompts: one count or a comma list of positive counts."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a comma list of numbers") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be at least 1")
+    return counts
 
 
 def vllm_label(kwargs: dict) -> str:
@@ -178,7 +225,8 @@ def log_prob_costs(engine, prompts, args, sampling) -> None:
             count = sum(len(c.token_ids) for o in out for c in o.outputs)
             if r:
                 rates.append(count / dt), tokens.append(count), seconds.append(dt)
-        print(f"| vllm/{label} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | {statistics.median(seconds):.2f} |")
+        print(f"| vllm/{label} | {len(prompts) * args.n} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | "
+              f"{statistics.median(seconds):.2f} |", flush=True)
 
 
 if __name__ == "__main__":
