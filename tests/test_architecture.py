@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "advantages": set(),
     "data": {"types"},
     "config": {"advantages"},  # validating advantage.name runs the rule once
-    "models": {"config"},
+    "models": {"config", "logprobs"},  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
     "lora": {"config"},
     "rewards": {"config", "types", "models"},
     "rollout": {"config", "types", "models", "logprobs", "lora"},
