@@ -24,6 +24,21 @@ a table of settings is one invocation per value:
 applied to the policy and the reference; the settings line names the resolved choice, and the table
 adds the MFU of backward + step: 6 · N · tokens the forward ran / time / 989 TFLOP/s (the dense bf16
 peak of an H100 SXM and of an H200).
+
+Under a launcher (world size N > 1) `--prompts` is the step's total, P/N a process, and each row is the
+mean over ranks, as before, plus the slowest rank's `generate_s_max`, `backward_step_s_max` and
+`step_s_max` (`backend.all_reduce_max_stats`): the mean hides stragglers, and a rank that finishes
+generating early waits for the slowest in its first backward's gradient all-reduce, so generation
+stragglers show as generate_s_max - generate_s and inside backward_step_s. Once per invocation, before the
+steps, the benchmark also times the collective itself (`allreduce_s`, in the JSON and the settings line):
+`torch.distributed.all_reduce` of a tensor of the model's parameter count in the engine's communication
+dtype (bf16; fp32 without bf16), the median of 5 after 2 warm-ups, the slowest rank's. all_reduce and not
+reduce-scatter, because that is what DeepSpeed 0.19's ZeRO-2 runs: with its defaults (reduce_scatter and
+use_multi_rank_bucket_allreduce on, overlap_comm off for stage 2) every micro-batch's backward
+all-reduces the gradient buckets on the compute stream (stage 2 communicates at every micro-step, not only
+at the accumulation boundary), then the optimizer step all-gathers the updated bf16 partitions (half an
+all-reduce's traffic). So a step's gradient traffic is about `micro_batches_per_rank` x allreduce_s.
+`benchmarks/scaling.py` runs this script on 1, 2 and 4 GPUs and tabulates it (issue 21).
 """
 
 from __future__ import annotations
@@ -44,6 +59,31 @@ def grad_ckpt_setting(text: str) -> "bool | int | str":
     if text.isdigit():
         return int(text)
     raise argparse.ArgumentTypeError(f"{text!r} is not auto, true, false or a number of layers")
+
+
+def allreduce_seconds(numel: int, dtype, device, repeats: int = 5, warmup: int = 2) -> list[float]:
+    """This rank's wall time of `repeats` all-reduces of a `numel`-element tensor (after `warmup` untimed
+    ones), each started after a barrier so that no rank's time includes waiting for the others to arrive."""
+    import torch
+    import torch.distributed as dist
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    t = torch.zeros(numel, dtype=dtype, device=device)
+    times = []
+    for _ in range(warmup + repeats):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        sync()
+        times.append(time.perf_counter() - t0)
+    del t
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return times[warmup:]
 
 
 def prompt_runs(engine, reference, recipe, groups) -> int:
@@ -138,6 +178,10 @@ def main() -> None:
     engine = backend.build_engine(policy, recipe, world, grad_accum, recipe.backend.precision)
     rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens)
+    allreduce_s = None
+    if world.world_size > 1:
+        own = statistics.median(allreduce_seconds(n_params, dtype, world.device))
+        allreduce_s = backend.all_reduce_max_stats({"allreduce_s": own})["allreduce_s"]
 
     def sync():
         if world.device.type == "cuda":
@@ -181,14 +225,18 @@ def main() -> None:
             "peak_train_gib": peak_train if (peak_train := backend.peak_memory_gib(world.device)) is not None else float("nan"),
             "peak_mem_gib": max(peak_generate, peak_train) if peak_generate is not None else float("nan"),
         }
-        keys = [k for k in row if k != "step"]
-        rows.append(backend.all_reduce_mean(row) | {"step": step})
+        slowest = {f"{k}_max": row[k] for k in ("generate_s", "backward_step_s", "step_s")}
+        keys = [k for k in row if k != "step"] + (list(slowest) if world.world_size > 1 else [])
+        rows.append(backend.all_reduce_mean(row) | backend.all_reduce_max_stats(slowest) | {"step": step})
     if world.is_main:
         measured = rows[1:] or rows
         device = torch.cuda.get_device_name() if world.device.type == "cuda" else "cpu"
         print(f"\n{device} x{world.world_size}, ZeRO-{args.zero}, {recipe.backend.precision}, attn={args.attn}, "
               f"kernels={kernels} (--kernels {args.kernels}), micro-batch {args.micro_batch}, {checkpointing.describe()}, {args.prompts} prompts x {args.prompt_len} tok x m={args.group_size} x {args.new_tokens} new tokens; "
               f"median of {len(measured)} steps after 1 warm-up")
+        if allreduce_s is not None:
+            print(f"all_reduce of {n_params:,} {str(dtype).removeprefix('torch.')} elements (the gradient, once per micro-batch "
+                  f"under ZeRO-2; micro-batches a rank: {grad_accum}): {allreduce_s:.4f} s, median of 5")
         print("| phase | median |\n|---|---|")
         for k in keys:
             value = statistics.median(r[k] for r in measured)
@@ -197,6 +245,8 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump({"device": device, "world_size": world.world_size, "zero": args.zero, "args": vars(args),
                            "grad_ckpt_layers": checkpointing.layers, "mem_estimate_gib": (checkpointing.estimate or float("nan")) / 2**30,
+                           "n_params": n_params, "micro_batches_per_rank": grad_accum,
+                           "allreduce_s": allreduce_s, "allreduce_dtype": str(dtype).removeprefix("torch."),
                            "rows": rows}, f, indent=2)
 
 

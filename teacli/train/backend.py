@@ -429,8 +429,8 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
-    """Average scalar stats over ranks."""
+def _all_reduce_stats(values: dict[str, float], op: str) -> dict[str, float]:
+    """Reduce scalar stats over ranks in one float64 all-reduce: op "mean" or "max"; the dict as given when alone."""
     import torch
     import torch.distributed as dist
 
@@ -440,9 +440,20 @@ def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
-    dist.all_reduce(t)
-    t /= dist.get_world_size()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    if op == "mean":
+        t /= dist.get_world_size()
     return {k: float(v) for k, v in zip(keys, t.tolist())}
+
+
+def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
+    """Average scalar stats over ranks."""
+    return _all_reduce_stats(values, "mean")
+
+
+def all_reduce_max_stats(values: dict[str, float]) -> dict[str, float]:
+    """The largest of the ranks' values of each scalar stat: the slowest rank's time, which the mean hides."""
+    return _all_reduce_stats(values, "max")
 
 
 def all_reduce_max(value: int) -> int:
