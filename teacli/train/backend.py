@@ -457,17 +457,9 @@ def all_reduce_max_stats(values: dict[str, float]) -> dict[str, float]:
 
 
 def all_reduce_max(value: int) -> int:
-    """The largest of the ranks' integers (every rank gets it): how ranks agree on a shared decision."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    """The largest of the ranks' integers (every rank gets it): how ranks agree on a shared decision
+    (exact through the float64 reduce for any |value| below 2**53)."""
+    return int(_all_reduce_stats({"value": value}, "max")["value"])
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
