@@ -164,12 +164,6 @@ def run_one(cmd: list[str], log: Path, timeout: float) -> tuple[int | None, floa
     return rc, time.perf_counter() - t0
 
 
-def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     extra: list[str] = []
@@ -194,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if per_gpu < 1:
         print(f"error: --prompts-per-gpu {per_gpu}: must be at least 1", file=sys.stderr)
         return 2
+    fixed = (SMALL_ARGS if args.small else []) + extra  # train_step.py's arguments besides --prompts and --json
     logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="tea-scaling-"))
     logs.mkdir(parents=True, exist_ok=True)
 
@@ -201,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.gpus:
         out, log = logs / f"train_step_n{n}.json", logs / f"train_step_n{n}.log"
         out.unlink(missing_ok=True)
-        script_args = ["--prompts", str(per_gpu * n), "--json", str(out)] + (SMALL_ARGS if args.small else []) + extra
+        script_args = ["--prompts", str(per_gpu * n), "--json", str(out)] + fixed
         cmd = launch_command(args.launcher, n, script_args)
         print(f"[scaling] N={n}: {' '.join(cmd)}", file=sys.stderr, flush=True)
         rc, seconds = run_one(cmd, log, args.timeout)
@@ -230,15 +225,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = add_efficiency([summarise(results[n]) for n in args.gpus if n in results])
     if results:
         first = next(iter(results.values()))
-        script = " ".join((SMALL_ARGS if args.small else []) + extra)
-        print(f"\n{first['device']}, launcher {args.launcher}, ZeRO-{first['zero']}, prompts per GPU: {per_gpu}; train_step.py {script}".rstrip())
+        print(f"\n{first['device']}, launcher {args.launcher}, ZeRO-{first['zero']}, prompts per GPU: {per_gpu}; "
+              f"train_step.py {' '.join(fixed)}".rstrip())
         print(table(rows))
     for n, f in failures.items():
         print(f"N={n}: failed ({f['reason']}); log: {f['log']}" + (f"; {f['error']}" if f["error"] else ""))
     if args.json:
-        write_json(Path(args.json), {"launcher": args.launcher, "prompts_per_gpu": per_gpu, "train_step_args": (SMALL_ARGS if args.small else []) + extra,
+        from teacli.rundir import write_text_atomic
+
+        write_text_atomic(Path(args.json), json.dumps({"launcher": args.launcher, "prompts_per_gpu": per_gpu, "train_step_args": fixed,
                                      "table": rows, "failed": {str(n): f for n, f in failures.items()},
-                                     "runs": {str(n): r for n, r in results.items()}})
+                                     "runs": {str(n): r for n, r in results.items()}}, indent=2) + "\n")
     if not args.logs and not any(logs.iterdir()):
         logs.rmdir()
     return 1 if failures else 0
