@@ -154,20 +154,15 @@ def main() -> None:
         t_build = time.perf_counter() - t0
         for k in args.prompts:
             batch = prompts[:k]
-            t0 = time.perf_counter()
-            engine.generate(batch, args.n, sampling, seed=0)  # warm-up (compiles, where the engine compiles)
-            t_warm = time.perf_counter() - t0
-            rates, tokens, seconds = [], [], []
-            for r in range(args.repeats):
-                t0 = time.perf_counter()
-                out = engine.generate(batch, args.n, sampling, seed=r + 1)
+
+            def call(r: int, batch=batch, engine=engine) -> int:  # r = 0: the warm-up (compiles, where the engine compiles)
+                out = engine.generate(batch, args.n, sampling, seed=r)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
-                count = sum(len(c.token_ids) for row in out for c in row)
-                rates.append(count / dt), tokens.append(count), seconds.append(dt)
-            print(f"| {name} | {k * args.n} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | "
-                  f"{statistics.median(seconds):.2f} |  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)", flush=True)
+                return sum(len(c.token_ids) for row in out for c in row)
+
+            t_warm, tokens, seconds = time_calls(call, args.repeats)
+            print(table_row(name, k * args.n, tokens, seconds) + f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)", flush=True)
             if name.startswith("vllm") and args.log_prob_costs:
                 log_prob_costs(engine, batch, args, sampling)
         if hasattr(engine, "close"):
@@ -206,6 +201,27 @@ def vllm_label(kwargs: dict) -> str:
     return f"vllm {json.dumps(kwargs, sort_keys=True)}" if kwargs else "vllm"
 
 
+def time_calls(call, repeats: int) -> tuple[float, list[int], list[float]]:
+    """`call(r)` generates and returns the tokens it generated: r = 0 once as an untimed warm-up (its wall time
+    is returned first), then r = 1 ... repeats timed; (warm-up seconds, tokens per call, seconds per call)."""
+    t0 = time.perf_counter()
+    call(0)
+    warm = time.perf_counter() - t0
+    tokens, seconds = [], []
+    for r in range(1, repeats + 1):
+        t0 = time.perf_counter()
+        tokens.append(call(r))
+        seconds.append(time.perf_counter() - t0)
+    return warm, tokens, seconds
+
+
+def table_row(label: str, sequences: int, tokens: list[int], seconds: list[float]) -> str:
+    """| label | sequences per call | tokens/s (median) | tokens per call | s per call |"""
+    rates = [t / s for t, s in zip(tokens, seconds)]
+    return (f"| {label} | {sequences} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | "
+            f"{statistics.median(seconds):.2f} |")
+
+
 def log_prob_costs(engine, prompts, args, sampling) -> None:
     """Rows `vllm/<variant>`: vLLM's LLM.generate with tea's SamplingParams but for the log-prob request."""
     from vllm import SamplingParams
@@ -215,19 +231,15 @@ def log_prob_costs(engine, prompts, args, sampling) -> None:
         variants["logprobs=0 flat"] = {"logprobs": 0, "flat_logprobs": True}
     engine.wake()
     for label, extra in variants.items():
-        rates, tokens, seconds = [], [], []
-        for r in range(args.repeats + 1):  # the first call is a warm-up
+
+        def call(r: int, extra=extra) -> int:  # r = 0: the warm-up
             params = [SamplingParams(n=args.n, temperature=sampling.temperature, max_tokens=sampling.max_new_tokens,
                                      seed=1000 * (r + 1) + i, detokenize=False, **extra) for i in range(len(prompts))]
-            t0 = time.perf_counter()
             out = engine.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-            dt = time.perf_counter() - t0
-            count = sum(len(c.token_ids) for o in out for c in o.outputs)
-            if r:
-                rates.append(count / dt), tokens.append(count), seconds.append(dt)
-        print(f"| vllm/{label} | {len(prompts) * args.n} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | "
-              f"{statistics.median(seconds):.2f} |", flush=True)
+            return sum(len(c.token_ids) for o in out for c in o.outputs)
 
+        _, tokens, seconds = time_calls(call, args.repeats)
+        print(table_row(f"vllm/{label}", len(prompts) * args.n, tokens, seconds), flush=True)
 
 if __name__ == "__main__":
     main()
