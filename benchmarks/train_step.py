@@ -248,6 +248,7 @@ def main() -> None:
                            "n_params": n_params, "micro_batches_per_rank": grad_accum,
                            "allreduce_s": allreduce_s, "allreduce_dtype": str(dtype).removeprefix("torch."),
                            "rows": rows}, f, indent=2)
+    backend.close_world()
 
 
 if __name__ == "__main__":

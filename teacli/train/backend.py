@@ -429,6 +429,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+def close_world() -> None:
+    """Wait for every rank, then tear the process group down (no-op alone). Without it a rank can abort at
+    interpreter exit ("terminate called without an active exception") while the group's threads still run."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _all_reduce_stats(values: dict[str, float], op: str) -> dict[str, float]:
     """Reduce scalar stats over ranks in one float64 all-reduce: op "mean" or "max"; the dict as given when alone."""
     import torch
