@@ -8,6 +8,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
@@ -38,7 +40,7 @@ def test_links_resolve():
 
 def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatch):
     """The GPU study's tail-fit tables (docs/results/gpu/tail_fit_*) are what `tea diagnose tail-fit`
-    computes from the committed records (base arms, the rule study's trained runs), restored by
+    computes from the committed records (base arms, both studies' trained runs), restored by
     docs/results/gpu/collect.py --restore."""
     from typer.testing import CliRunner
 
@@ -55,12 +57,14 @@ def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatc
         for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
             committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_base" / name
             assert (tmp_path / "out" / reward / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"
-    trained = [f"runs/gpu_bon_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
-    res = CliRunner().invoke(app, ["diagnose", "tail-fit", *trained, "--split", "heldout_ext", "--n", "256", "--out", "out/trained", "--no-plots"])
-    assert res.exit_code == 0, res.output
-    for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
-        committed = DOCS / "results" / "gpu" / "tail_fit_rule_trained" / name
-        assert (tmp_path / "out" / "trained" / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"
+    for reward, prefix in (("rule", "gpu_bon"), ("judge", "gpu_bon_judge")):
+        trained = [f"runs/{prefix}_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
+        res = CliRunner().invoke(app, ["diagnose", "tail-fit", *trained, "--split", "heldout_ext", "--n", "256",
+                                       "--out", f"out/{reward}_trained", "--no-plots"])
+        assert res.exit_code == 0, res.output
+        for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
+            committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_trained" / name
+            assert (tmp_path / "out" / f"{reward}_trained" / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"
 
 
 def _load(name: str, path: Path):
@@ -70,9 +74,11 @@ def _load(name: str, path: Path):
     return mod
 
 
-def test_gpu_rule_report_recomputes_from_the_committed_records(tmp_path, monkeypatch, capsys):
-    """docs/results/gpu/report_rule (two-level intervals) and report_rule_prompts_only are what `tea report`
-    computes from the committed records of the rule study; training_rule.md is what study_summary.py prints."""
+@pytest.mark.parametrize("reward, prefix", [("rule", "gpu_bon"), ("judge", "gpu_bon_judge")])
+def test_gpu_report_recomputes_from_the_committed_records(reward, prefix, tmp_path, monkeypatch, capsys):
+    """docs/results/gpu/report_<reward> (two-level intervals) and report_<reward>_prompts_only are what
+    `tea report` computes from the committed records of that study; training_<reward>.md and
+    spread_<reward>.md are what study_summary.py prints."""
     from typer.testing import CliRunner
 
     from teacli.cli import app
@@ -80,16 +86,20 @@ def test_gpu_rule_report_recomputes_from_the_committed_records(tmp_path, monkeyp
     gpu = DOCS / "results" / "gpu"
     _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
-    runs = [f"runs/gpu_bon_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
-    common = ["--baseline", "gpu_bon_grpo", "--bootstrap", "1000", "--seed", "0", "--split", "heldout_ext", "--n", "256",
+    runs = [f"runs/{prefix}_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
+    common = ["--baseline", f"{prefix}_grpo", "--bootstrap", "1000", "--seed", "0", "--split", "heldout_ext", "--n", "256",
               "--checkpoint", "selected", "--endpoints", "64,128,256"]
-    for out, extra in (("report_rule", ["--base-arm", "runs/gpu_bon_grpo-base"]), ("report_rule_prompts_only", ["--bootstrap-levels", "prompts"])):
+    outs = ((f"report_{reward}", ["--base-arm", f"runs/{prefix}_grpo-base"]), (f"report_{reward}_prompts_only", ["--bootstrap-levels", "prompts"]))
+    for out, extra in outs:
         res = CliRunner().invoke(app, ["report", *runs, *common, *extra, "--out", f"out/{out}"])
         assert res.exit_code == 0, res.output
         committed = sorted(p for p in (gpu / out).iterdir() if p.suffix in (".md", ".csv"))
         assert len(committed) >= (2 if out.endswith("only") else 19)
         for path in committed:
             assert (tmp_path / "out" / out / path.name).read_text() == path.read_text(), f"{path} differs from a recomputation"
+    summary = _load("study_summary", gpu / "study_summary.py")
     capsys.readouterr()
-    _load("study_summary", gpu / "study_summary.py").main("rule")
-    assert capsys.readouterr().out == (gpu / "training_rule.md").read_text()
+    summary.main(reward)
+    assert capsys.readouterr().out == (gpu / f"training_{reward}.md").read_text()
+    summary.spread(reward)
+    assert capsys.readouterr().out == (gpu / f"spread_{reward}.md").read_text()

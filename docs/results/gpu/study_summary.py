@@ -4,14 +4,23 @@ norm (median, max) against the clip, the share of steps the clip bound, the KL t
 step, the median step time and its generation share, and the wall time of training and evaluation.
 
     python docs/results/gpu/study_summary.py rule > docs/results/gpu/training_rule.md
+
+`spread` prints, per run (the untrained arm first), the shape of its held-out rewards: their mean, the
+mean over prompts of the within-prompt standard deviation of the M rewards (TEA's objective trades
+the mean for the spread that best-of-N rewards), the pooled 99th percentile, the mean completion
+length and the share of completions cut at max_new_tokens.
+
+    python docs/results/gpu/study_summary.py judge spread > docs/results/gpu/spread_judge.md
 """
 
+import gzip
 import json
 import re
 import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -47,5 +56,24 @@ def main(reward: str) -> None:
                   f"{wall.get(('train', run.name), '–')} | {wall.get(('eval-bon', run.name), '–')} |")
 
 
+def spread(reward: str) -> None:
+    prefix = "gpu_bon" if reward == "rule" else f"gpu_bon_{reward}"
+    runs = sorted(HERE.glob(f"runs/{prefix}_grpo-base")) + [r for m in METHODS for r in sorted(HERE.glob(f"runs/{prefix}_{m}-s*"))]
+    print("| run | held-out mean | within-prompt std (mean over prompts) | pooled q99 | mean tokens | cut at max_new_tokens |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for run in runs:
+        (records,) = run.glob("eval/**/*.jsonl.gz")
+        rows = [json.loads(line) for line in gzip.open(records, "rt")]
+        by_prompt: dict[str, list[float]] = {}
+        for r in rows:
+            by_prompt.setdefault(r["prompt_id"], []).append(r["reward"])
+        rewards = np.array([r["reward"] for r in rows])
+        tokens = np.array([r["tokens"] for r in rows])
+        cap = yaml.safe_load((run / "recipe.yaml").read_text())["rollout"]["max_new_tokens"]
+        print(f"| {run.name} | {rewards.mean():.3f} | {np.mean([np.std(v) for v in by_prompt.values()]):.3f} | "
+              f"{np.quantile(rewards, 0.99):.3f} | {tokens.mean():.1f} | {np.mean(tokens >= cap):.1%} |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "rule")
+    reward = sys.argv[1] if len(sys.argv) > 1 else "rule"
+    spread(reward) if sys.argv[2:] == ["spread"] else main(reward)
