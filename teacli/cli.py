@@ -482,7 +482,7 @@ def diagnose_alignment(
     rules: Optional[list[str]] = typer.Option(None, "--rules", help="Advantage rules, space-separated or repeated; 'oracle' = the plug-in oracle. Default: every built-in rule but tea_raw."),
     block: str = typer.Option("-1", "--block", help="The block whose gradients are compared: an index into the transformer layers (-1 = last) or a parameter-name prefix."),
     split: Optional[str] = typer.Option(None, "--split", help="Split of the recipe's data.dir the pool prompts come from (default: data.train_split)."),
-    grad_batch_size: int = typer.Option(8, "--grad-batch-size", help="Completions per forward pass when computing gradients."),
+    grad_batch_size: int = typer.Option(8, "--grad-batch-size", help="Completions per forward pass (and per backward, when the block allows the batched gradients: docs/diagnostics.md) when computing gradients."),
     grad_memory: float = typer.Option(8.0, "--grad-memory", help="GiB of per-completion gradients held at once (more: the Gram matrix is built in row blocks)."),
     out: Path = typer.Option(Path("out/diagnostics/alignment"), "--out", help="Output directory (the pool and Gram matrices are stored there and reused)."),
 ) -> None:

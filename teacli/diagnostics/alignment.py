@@ -231,17 +231,113 @@ def find_block(model: Any, block: str) -> tuple[str, list[tuple[str, Any]]]:
     return prefix.rstrip("."), chosen
 
 
+def _per_sample_plan(model: Any, params: list[Any]) -> list[tuple[Any, str, int]] | None:
+    """[(module, kind, index into params)] when every chosen parameter belongs to a module whose
+    per-completion gradient follows from its input and output gradient (a Linear's weight or bias, an
+    RMSNorm's scale); None otherwise (the per-completion backward loop is used then)."""
+    import torch
+
+    index = {id(p): i for i, p in enumerate(params)}
+    plan, seen = [], set()
+    for _, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) not in index or id(p) in seen:
+                continue
+            if isinstance(module, torch.nn.Linear):
+                kind = "linear_weight" if name == "weight" else "linear_bias"
+            elif "RMSNorm" in type(module).__name__ and name == "weight" and p.dim() == 1:
+                kind = "rms_scale"
+            else:
+                return None
+            seen.add(id(p))
+            plan.append((module, kind, index[id(p)]))
+    return plan if len(seen) == len(params) else None
+
+
+def _rms_normed(module: Any, x: Any) -> Any:
+    """The RMSNorm's normalized input (what its scale multiplies), in float32."""
+    import torch
+
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + float(eps if eps is not None else 1e-6))
+
+
+def _batched_gradients(model: Any, params: list[Any], plan: list[tuple[Any, str, int]], input_ids: Any, attn: Any,
+                       lp: int, cmask: Any) -> "Any | None":
+    """[B, D] per-completion gradients from ONE forward and ONE backward of the micro-batch: the rows
+    are independent (no attention across them), so the gradient of sum_b log π(y_b|x) with respect to
+    a module's output holds each completion's own output gradient, and a Linear's weight gradient is
+    Σ_t g_t x_tᵀ per row (its bias Σ_t g_t, an RMSNorm's scale Σ_t g_t ⊙ x̂_t). None when a check fails:
+    a module called twice, an RMSNorm whose output is not its normalized input times w (or 1 + w), or
+    the rows' sum differing from the batch's gradient (relative 1e-4)."""
+    import torch
+
+    from teacli.logprobs import token_logprobs
+
+    B = input_ids.shape[0]
+    seen: dict[int, list[tuple[Any, Any]]] = {}
+    grads_out: dict[int, list[Any]] = {}
+    handles = []
+
+    def on_forward(module: Any, inputs: tuple, output: Any) -> None:
+        key = id(module)
+        seen.setdefault(key, []).append((inputs[0].detach(), output.detach()))
+        if output.requires_grad:
+            output.register_hook(lambda g, key=key: grads_out.setdefault(key, []).append(g.detach()))
+
+    modules = {id(m): m for m, _, _ in plan}
+    try:
+        for m in modules.values():
+            handles.append(m.register_forward_hook(on_forward))
+        logp = token_logprobs(model, input_ids, attn, lp)
+        total = (logp * cmask).sum()
+        batch_grads = torch.autograd.grad(total, params, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(len(seen.get(k, [])) != 1 or len(grads_out.get(k, [])) != 1 for k in modules):
+        return None
+    pieces: list[Any] = [None] * len(params)
+    for module, kind, i in plan:
+        (x, out), g = seen[id(module)][0], grads_out[id(module)][0].float()
+        g2 = g.reshape(B, -1, g.shape[-1])
+        if kind == "linear_weight":
+            pieces[i] = torch.einsum("bno,bni->boi", g2, x.float().reshape(B, -1, x.shape[-1])).reshape(B, -1)
+        elif kind == "linear_bias":
+            pieces[i] = g2.sum(dim=1)
+        else:
+            normed = _rms_normed(module, x)
+            w = module.weight.detach().float()
+            if not any(torch.allclose(out.float(), normed * scale, rtol=1e-4, atol=1e-5) for scale in (w, 1.0 + w)):
+                return None
+            pieces[i] = (g2 * normed.reshape(B, -1, normed.shape[-1])).sum(dim=1)
+    G = torch.cat(pieces, dim=1)
+    whole = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(batch_grads, params)])
+    if (G.sum(dim=0) - whole).norm() > 1e-4 * max(whole.norm().item(), 1e-12):
+        return None
+    return G
+
+
 def completion_gradients(model: Any, params: list[Any], prompt_ids: list[int], completions: list[list[int]],
-                         pad_id: int, batch_size: int, device: Any, tick: Callable[[int], None] | None = None) -> "Any":
+                         pad_id: int, batch_size: int, device: Any, tick: Callable[[int], None] | None = None,
+                         method: str = "auto", log: Callable[[str], None] = lambda m: None) -> "Any":
     """G [K, D] (a float32 tensor on `device`): ∇ log π(y_i|x) on `params` (flattened) for each completion.
 
-    One forward per micro-batch; one backward per completion (only the layers from the block upward
-    are on the graph: every other parameter has requires_grad off).
+    method "batched" (what "auto" picks when every parameter of the block is a Linear's or an RMSNorm's,
+    as in every decoder layer of Llama, Qwen, Mistral or Gemma): one forward and one backward per
+    micro-batch, the per-completion gradients from each module's input and output gradient
+    (`_batched_gradients`, checked against the batch's gradient). method "loop" (and "auto"
+    otherwise, or when a check fails): one forward per micro-batch, one backward per completion (only
+    the layers from the block upward are on the graph: every other parameter has requires_grad off).
     """
     import torch
 
     from teacli.logprobs import token_logprobs
 
+    plan = _per_sample_plan(model, params) if method in ("auto", "batched") else None
+    if method == "batched" and plan is None:
+        raise AlignmentError("batched gradients need every block parameter to be a Linear's or an RMSNorm's")
     D = sum(p.numel() for p in params)
     G = torch.empty((len(completions), D), dtype=torch.float32, device=device)
     lp = len(prompt_ids)
@@ -258,8 +354,20 @@ def completion_gradients(model: Any, params: list[Any], prompt_ids: list[int], c
                 input_ids[b, lp:lp + len(c)] = torch.tensor(c, dtype=torch.long)
                 attn[b, lp:lp + len(c)] = 1
                 cmask[b, :len(c)] = 1.0
-        logp = token_logprobs(model, input_ids.to(device), attn.to(device), lp)
-        seq = (logp * cmask.to(device)).sum(dim=1)
+        input_ids, attn, cmask = input_ids.to(device), attn.to(device), cmask.to(device)
+        if plan is not None:
+            rows = _batched_gradients(model, params, plan, input_ids, attn, lp, cmask)
+            if rows is not None:
+                G[start:start + len(chunk)] = rows
+                if tick:
+                    tick(len(chunk))
+                continue
+            if method == "batched":
+                raise AlignmentError("batched gradients failed their check against the batch's gradient")
+            log("gradients: the batched per-completion gradients failed their check; one backward per completion from here on")
+            plan = None
+        logp = token_logprobs(model, input_ids, attn, lp)
+        seq = (logp * cmask).sum(dim=1)
         for b in range(len(chunk)):
             grads = torch.autograd.grad(seq[b], params, retain_graph=b < len(chunk) - 1, allow_unused=True)
             G[start + b] = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)])
@@ -505,8 +613,10 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
         names = {n for n, _ in chosen}
         for n, p in model.named_parameters():
             p.requires_grad_(n in names)
-        log(f"gradients: block {block_name} ({n_params:,} parameters), {len(todo)} of {len(used)} prompts to do "
-            f"({s.pool} backward passes each)")
+        how = (f"one backward per {s.grad_batch_size} completions, each completion's gradient from the block's Linear and RMSNorm "
+               f"inputs and output gradients" if _per_sample_plan(model, [p for _, p in chosen]) is not None
+               else f"{s.pool} backward passes each")
+        log(f"gradients: block {block_name} ({n_params:,} parameters), {len(todo)} of {len(used)} prompts to do ({how})")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         params = [p for _, p in chosen]
         # Two row blocks of G are held at once (float32).
@@ -533,7 +643,7 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
 
             def grads(rows: list[int], rec: dict[str, Any] = rec, comps: list[list[int]] = comps) -> Any:
                 return completion_gradients(model, params, rec["prompt_token_ids"], [comps[r] for r in rows],
-                                            pad_id, s.grad_batch_size, device, tick)
+                                            pad_id, s.grad_batch_size, device, tick, log=log)
 
             S = gram_matrix(grads, s.pool, rows_per_block)
             _atomic_bytes(gram_dir / f"{i:05d}.npy", lambda f: np.save(f, S))

@@ -175,3 +175,85 @@ def test_grad_prompts_defaults_to_at_most_prompts():
     assert AL.Settings(recipe=Recipe(), out=Path("unused"), prompts=8, grad_prompts=4).grad_prompts == 4
     with pytest.raises(AL.AlignmentError, match="--grad-prompts 9: larger than --prompts 8"):
         AL.Settings(recipe=Recipe(), out=Path("unused"), prompts=8, grad_prompts=9).check()
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-completion gradients: one batched backward (from each Linear's and RMSNorm's input and output
+# gradient) against one backward per completion, on tiny models of three architectures built in-process
+
+
+def _tiny_models():
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaForCausalLM, LlamaConfig, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                  vocab_size=50, max_position_embeddings=64, pad_token_id=0)
+    out = {}
+    torch.manual_seed(0)
+    out["llama"] = LlamaForCausalLM(LlamaConfig(**common)).float().eval()
+    torch.manual_seed(0)
+    out["qwen3"] = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=8)).float().eval()  # q_norm / k_norm on the head dim
+    torch.manual_seed(0)
+    out["gemma3"] = Gemma3ForCausalLM(Gemma3TextConfig(**common, head_dim=8)).float().eval()  # RMSNorm scale 1 + w
+    for model in out.values():
+        with torch.no_grad():  # non-zero norm scales and biases, so every kind of parameter has a distinct gradient
+            for n, p in model.named_parameters():
+                if "norm" in n or n.endswith("bias"):
+                    p.add_(0.3 * torch.randn_like(p))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_batched_completion_gradients_equal_one_backward_per_completion(arch):
+    import torch
+
+    model = _tiny_models()[arch]
+    prefix, chosen = AL.find_block(model, "-1")
+    names = {n for n, _ in chosen}
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in names)
+    params = [p for _, p in chosen]
+    kinds = {k for _, k, _ in AL._per_sample_plan(model, params)}
+    assert kinds == {"linear_weight", "rms_scale"}
+    rng = np.random.default_rng(1)
+    comps = [list(rng.integers(1, 50, size=int(k))) for k in (5, 1, 9, 3, 7, 2, 9)]  # ragged: padded rows
+    args = (model, params, [3, 4, 5, 6], comps, 0, 3, torch.device("cpu"))
+    loop = AL.completion_gradients(*args, method="loop")
+    batched = AL.completion_gradients(*args, method="batched")
+    assert loop.shape == (7, sum(p.numel() for p in params))
+    rel = ((batched - loop).norm(dim=1) / loop.norm(dim=1)).max().item()
+    assert rel < 1e-5, rel
+    assert AL.completion_gradients(*args).equal(batched)  # auto picks the batched path here
+
+
+def test_completion_gradients_fall_back_to_the_loop_where_the_batched_path_cannot_be_exact(monkeypatch):
+    import torch
+
+    model = _tiny_models()["llama"]
+    rng = np.random.default_rng(2)
+    comps = [list(rng.integers(1, 50, size=int(k))) for k in (4, 6, 2)]
+    # The embedding is no Linear or RMSNorm: no plan, "auto" loops, "batched" is refused.
+    emb = [model.model.embed_tokens.weight]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    emb[0].requires_grad_(True)
+    assert AL._per_sample_plan(model, emb) is None
+    args = (model, emb, [3, 4], comps, 0, 2, torch.device("cpu"))
+    assert AL.completion_gradients(*args).equal(AL.completion_gradients(*args, method="loop"))
+    with pytest.raises(AL.AlignmentError, match="Linear's or an RMSNorm's"):
+        AL.completion_gradients(*args, method="batched")
+    # An RMSNorm whose output is not its normalized input times its scale (here: a shift added) fails the
+    # check: "auto" says so and loops, with the loop's gradients.
+    emb[0].requires_grad_(False)
+    _, chosen = AL.find_block(model, "-1")
+    params = [p for _, p in chosen]
+    for p in params:
+        p.requires_grad_(True)
+    norm = model.model.layers[-1].post_attention_layernorm
+    plain = type(norm).forward
+    monkeypatch.setattr(type(norm), "forward", lambda self, x: plain(self, x) + 0.5)
+    said = []
+    args = (model, params, [3, 4], comps, 0, 2, torch.device("cpu"))
+    auto = AL.completion_gradients(*args, log=said.append)
+    assert auto.equal(AL.completion_gradients(*args, method="loop"))
+    assert len(said) == 1 and "failed their check" in said[0]
