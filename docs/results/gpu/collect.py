@@ -2,7 +2,8 @@
 small enough to commit: recipe.yaml, data.json, metrics.jsonl, validation.jsonl, selected.json, and under
 eval/ the .bon.json, .run.json and .prompts.jsonl files and the completion records without their text
 (prompt_id, sample, reward, tokens: what `tea report` and `tea diagnose tail-fit` read), gzipped
-(~0.5 MB for 144 prompts x 256 samples instead of 26 MB with the text).
+(~0.5 MB for 144 prompts x 256 samples instead of 26 MB with the text), and beside them, per prompt,
+the best sample's record with its text (`<split>-M<M>.best.json.gz`: what best-of-M deploys, to read).
 
     python docs/results/gpu/collect.py SRC_RUNS_DIR RUN_NAME [RUN_NAME ...]   # runs -> docs/results/gpu/runs/
     python docs/results/gpu/collect.py --restore DEST_RUNS_DIR                # docs/results/gpu/runs/ -> plain run dirs
@@ -23,14 +24,26 @@ KEEP = ("prompt_id", "sample", "reward", "tokens")
 
 
 def strip_records(src: Path, dst: Path) -> int:
+    """The records without their text into dst (gzipped); beside it, `<name>.best.json.gz`: per prompt the
+    record of its highest reward (the first such sample) with its text, what best-of-M would deploy."""
     n = 0
+    best: dict[str, dict] = {}
     tmp = dst.with_name(dst.name + ".tmp")
     with src.open() as fin, tmp.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as fout:
         for line in fin:
             record = json.loads(line)
             fout.write((json.dumps({k: record[k] for k in KEEP if k in record}) + "\n").encode())
             n += 1
+            held = best.get(record["prompt_id"])
+            if record.get("response") is not None and (held is None or record["reward"] > held["reward"]):
+                best[record["prompt_id"]] = {k: record[k] for k in (*KEEP, "response") if k in record}
     tmp.replace(dst)
+    if best:
+        best_path = dst.with_name(dst.name[: -len(".jsonl.gz")] + ".best.json.gz")
+        tmp = best_path.with_name(best_path.name + ".tmp")
+        with tmp.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as fout:
+            fout.write(json.dumps([best[k] for k in sorted(best)], indent=0).encode())
+        tmp.replace(best_path)
     return n
 
 
