@@ -113,24 +113,66 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s"
+
+
 class _LazyBar:
-    """A rich progress bar on stderr that is drawn at the first progress report, so that an error found
-    while checking the inputs is not preceded by an empty bar. `update(done, total)` is the callback
-    the library functions take; the first call's `done` (work found on disk) is not counted as speed."""
+    """Progress on stderr, drawn at the first report, so that an error found while checking the inputs is
+    not preceded by an empty bar. `update(done, total, stage="")` is the callback the library functions
+    take; the first report's `done` (work found on disk) is not counted as speed.
 
-    def __init__(self, *columns: Any, console: Any, transient: bool = False):
-        self.columns, self.console, self.transient = columns, console, transient
+    On a terminal, a rich bar per stage. Elsewhere (a log file, CI, a cluster job's output) rich draws
+    nothing until the end, so a plain line per stage instead: at its first progress, then every
+    TEA_PROGRESS_EVERY seconds (default 30; 0 = every report) while it runs, and when it completes:
+    `LABEL STAGE: done/total (pct%), elapsed, ~left, rate/s`. Nothing before the first progress (unless
+    a whole interval passes), so an error found at the start stays the one line on stderr."""
+
+    def __init__(self, *columns: Any, console: Any, transient: bool = False, label: str = ""):
+        self.columns, self.console, self.transient, self.label = columns, console, transient, label
         self.bar: Any = None
+        self.tasks: dict[str, Any] = {}
+        self.lines: dict[str, dict[str, Any]] = {}
+        text = os.environ.get("TEA_PROGRESS_EVERY", "30")
+        try:
+            self.every = float(text)
+            if not self.every >= 0:
+                raise ValueError
+        except ValueError:
+            _fail(f"TEA_PROGRESS_EVERY={text!r}: give the seconds between progress lines, a number >= 0")
 
-    def update(self, done: int, total: int) -> None:
-        if self.bar is None:
-            from rich.progress import Progress
+    def update(self, done: int, total: int, stage: str = "") -> None:
+        if self.console.is_terminal:
+            if self.bar is None:
+                from rich.progress import Progress
 
-            self.bar = Progress(*self.columns, console=self.console, transient=self.transient)
-            self.bar.start()
-            self.task = self.bar.add_task("", total=total, completed=done)
-        else:
-            self.bar.update(self.task, completed=done, total=total)
+                self.bar = Progress(*self.columns, console=self.console, transient=self.transient)
+                self.bar.start()
+            if stage not in self.tasks:
+                self.tasks[stage] = self.bar.add_task(stage, total=total, completed=done)
+            else:
+                self.bar.update(self.tasks[stage], completed=done, total=total)
+            return
+        import time
+
+        now = time.monotonic()
+        line = self.lines.setdefault(stage, {"t0": now, "d0": done, "last": now, "printed": False, "finished": False})
+        finished = total > 0 and done >= total
+        first_progress = not line["printed"] and done > line["d0"]
+        if line["finished"] or not (finished or first_progress or now - line["last"] >= self.every):
+            return
+        line.update(last=now, printed=True, finished=finished)
+        elapsed, new = now - line["t0"], done - line["d0"]
+        parts = [f"{done:,}/{total:,} ({100 * done / total if total else 0:.0f}%)", f"{_duration(elapsed)} elapsed"]
+        if new > 0 and elapsed > 0:
+            rate = new / elapsed
+            if not finished:
+                parts.append(f"~{_duration((total - done) / rate)} left")
+            parts.append(f"{rate:.1f}/s")
+        name = " ".join(x for x in (self.label, stage) if x)
+        self.console.print(f"{name}: {', '.join(parts)}", markup=False, highlight=False)
 
     def __enter__(self) -> "_LazyBar":
         return self
@@ -443,7 +485,7 @@ def diagnose_synthetic(
         _fail(f"unexpected argument(s) {' '.join(extra)}; rollout budgets go after --m, e.g. --m 256 512")
     budgets = [*(m or []), *(int(a) for a in extra)] or None
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from teacli.diagnostics import synthetic
 
@@ -455,9 +497,15 @@ def diagnose_synthetic(
     from rich.console import Console
 
     columns = (TextColumn("synthetic"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
-        task = progress.add_task("synthetic", total=synthetic.work_units(budgets, reps, bias_reps))
-        rows = synthetic.run_synthetic(budgets, reps, bias_reps, seed, lambda units: progress.advance(task, units))
+    total, done = synthetic.work_units(budgets, reps, bias_reps), [0]
+
+    def advance(units: int) -> None:
+        done[0] += units
+        bar.update(done[0], total)
+
+    with _LazyBar(*columns, console=Console(stderr=True), label="synthetic") as bar:
+        bar.update(0, total)
+        rows = synthetic.run_synthetic(budgets, reps, bias_reps, seed, advance)
     paths = synthetic.write_outputs(rows, out)
     typer.echo(synthetic.markdown_table(rows))
     for path in paths.values():
@@ -512,21 +560,16 @@ def diagnose_alignment(
     except AL.AlignmentError as exc:
         _fail(str(exc))
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from teacli.data.errors import DataError
 
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    tasks: dict[str, Any] = {}
     try:
-        with Progress(*columns, console=console, transient=False) as bar:
-            def progress(stage: str, done: int, total: int) -> None:
-                if stage not in tasks:
-                    tasks[stage] = bar.add_task(stage, total=total, completed=done)
-                bar.update(tasks[stage], completed=done, total=total)
-
-            table = AL.run_alignment(settings, progress, log=lambda msg: console.print(msg, markup=False, highlight=False))
+        with _LazyBar(*columns, console=console, label="alignment") as bar:
+            table = AL.run_alignment(settings, lambda stage, done, total: bar.update(done, total, stage),
+                                     log=lambda msg: console.print(msg, markup=False, highlight=False))
     except (AL.AlignmentError, DataError, ValueError) as exc:
         _fail(str(exc))
         return
@@ -618,7 +661,7 @@ def judge(
         config.check()
         key = resolve_api_key(base_url, api_key_env)
         columns = (TextColumn("judge"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with _LazyBar(*columns, console=Console(stderr=True), transient=True) as bar:
+        with _LazyBar(*columns, console=Console(stderr=True), transient=True, label="judge") as bar:
             summary = judge_runs(run_a, run_b, n, split=split, config=config, api_key=key, progress=bar.update)
     except JudgeUnavailable as exc:  # the endpoint failed, not the input: rerunning resumes
         _fail(str(exc), code=1)
@@ -707,7 +750,7 @@ def eval_bon(
     for run in runs:
         columns = (TextColumn(run.name), BarColumn(), MofNCompleteColumn(), Speed(), TimeElapsedColumn(), TimeRemainingColumn())
         try:
-            with _LazyBar(*columns, console=console) as bar:
+            with _LazyBar(*columns, console=console, label=run.name) as bar:
                 result = evaluate(run, M=n, split=split, checkpoint=checkpoint, data_dir=data_dir, overrides=set_,
                                   progress=bar.update, log=lambda msg: console.print(f"{run.name}: {msg}", markup=False, highlight=False))
         except (EvalError, ValueError) as exc:

@@ -123,6 +123,8 @@ def test_eval_bon_writes_records_prompts_and_grouped_bon(evaluated):
     res = tea("eval-bon", str(run))
     assert res.exit_code == 0, res.output
     assert "0 completions sampled now, 40 found on disk" in res.output
+    # Not a terminal: the progress is plain lines, not a bar drawn only at the end.
+    assert f"{run.name}: 40/40 (100%), 0s elapsed\n" in res.output and "━" not in res.output
     assert (ev / f"{SPLIT}-M{M}.jsonl").read_text() == before
 
 
