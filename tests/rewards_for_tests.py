@@ -28,6 +28,18 @@ def held_length_reward(prompts, responses):
     return length_reward(prompts, responses)
 
 
+def held_at_row_length_reward(prompts, responses):
+    """length_reward that, once $TEA_TEST_METRICS has $TEA_TEST_HOLD_ROWS rows, touches $TEA_TEST_HOLD.waiting and
+    waits (at most 5 minutes): a test stops a run inside an exact step, however slow the machine is."""
+    metrics, rows = os.environ.get("TEA_TEST_METRICS"), int(os.environ.get("TEA_TEST_HOLD_ROWS", "0"))
+    if metrics and rows and os.path.exists(metrics) and len(open(metrics).read().splitlines()) >= rows:
+        open(os.environ["TEA_TEST_HOLD"] + ".waiting", "w").close()
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            time.sleep(0.05)
+    return length_reward(prompts, responses)
+
+
 def rank_rule(rewards, *, scale=1.0):
     """A user advantage rule by dotted path: centred within-group ranks."""
     ranks = rewards.argsort(-1).argsort(-1).to(rewards.dtype)
