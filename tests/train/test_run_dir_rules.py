@@ -208,11 +208,13 @@ def test_execution_keys_may_change_on_resume_and_are_recorded(assets, tmp_path):
 def test_ctrl_c_says_where_it_stopped_and_the_command_resumes(assets, tmp_path):
     rec = recipe(assets, tmp_path, reward__function="rewards_for_tests:held_at_row_length_reward")
     run, hold = tmp_path / "run", tmp_path / "hold"
-    # Held in step 4's reward call (metrics.jsonl has 3 rows; checkpoint 2 is the last): on a loaded machine the
-    # run could otherwise finish before this test saw row 3 and signalled (CI once got exit 0 here).
+    # Held in step 4's reward call (metrics.jsonl has 3 rows; checkpoint 2 is the last), so the signal lands in
+    # step 4 however slow the machine is.
     env = tea_env(tmp_path, TEA_TEST_HOLD=str(hold), TEA_TEST_METRICS=str(run / "metrics.jsonl"), TEA_TEST_HOLD_ROWS="3")
+    # SIGINT at its default in the child, as under a terminal: a shell that starts pytest in the background (`cmd &`
+    # in a script, nohup) hands it down ignored, and the run would then never see the Ctrl-C below.
     proc = subprocess.Popen(command(rec, run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while not (tmp_path / "hold.waiting").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
