@@ -50,10 +50,7 @@ def main() -> None:
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     model = build(args.model).to(device)
-    block, chosen = AL.find_block(model, "-1")
-    names = {n for n, _ in chosen}
-    for n, p in model.named_parameters():
-        p.requires_grad_(n in names)
+    block, chosen = AL.block_parameters(model, "-1")
     params = [p for _, p in chosen]
     rng = np.random.default_rng(0)
     vocab = model.config.vocab_size

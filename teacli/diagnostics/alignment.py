@@ -231,6 +231,16 @@ def find_block(model: Any, block: str) -> tuple[str, list[tuple[str, Any]]]:
     return prefix.rstrip("."), chosen
 
 
+def block_parameters(model: Any, block: str) -> tuple[str, list[tuple[str, Any]]]:
+    """`find_block`, with requires_grad on for the block's parameters and off for every other one (only the
+    block and what lies above it are then on the autograd graph)."""
+    name, chosen = find_block(model, block)
+    names = {n for n, _ in chosen}
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in names)
+    return name, chosen
+
+
 def _per_sample_plan(model: Any, params: list[Any]) -> list[tuple[Any, str, int]] | None:
     """[(module, kind, index into params)] when every chosen parameter belongs to a module whose
     per-completion gradient follows from its input and output gradient (a Linear's weight or bias, an
@@ -610,9 +620,7 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
         _atomic_bytes(key_path, lambda f: f.write(json.dumps(record).encode()))
     if todo:
         assert model is not None
-        names = {n for n, _ in chosen}
-        for n, p in model.named_parameters():
-            p.requires_grad_(n in names)
+        block_parameters(model, s.block)
         how = (f"one backward per {s.grad_batch_size} completions, each completion's gradient from the block's Linear and RMSNorm "
                f"inputs and output gradients" if _per_sample_plan(model, [p for _, p in chosen]) is not None
                else f"{s.pool} backward passes each")

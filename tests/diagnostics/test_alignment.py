@@ -208,10 +208,7 @@ def test_batched_completion_gradients_equal_one_backward_per_completion(arch):
     import torch
 
     model = _tiny_models()[arch]
-    prefix, chosen = AL.find_block(model, "-1")
-    names = {n for n, _ in chosen}
-    for n, p in model.named_parameters():
-        p.requires_grad_(n in names)
+    prefix, chosen = AL.block_parameters(model, "-1")
     params = [p for _, p in chosen]
     kinds = {k for _, k, _ in AL._per_sample_plan(model, params)}
     assert kinds == {"linear_weight", "rms_scale"}

@@ -21,10 +21,7 @@ def test_batched_alignment_gradients_equal_the_loop_on_cuda(cuda):
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(cuda).float().eval()
-    _, chosen = AL.find_block(model, "-1")
-    names = {n for n, _ in chosen}
-    for n, p in model.named_parameters():
-        p.requires_grad_(n in names)
+    _, chosen = AL.block_parameters(model, "-1")
     params = [p for _, p in chosen]
     rng = np.random.default_rng(0)
     comps = [rng.integers(1, 49152, size=int(k)).tolist() for k in rng.integers(20, 200, size=24)]
