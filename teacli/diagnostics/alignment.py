@@ -374,7 +374,8 @@ def completion_gradients(model: Any, params: list[Any], prompt_ids: list[int], c
                 continue
             if method == "batched":
                 raise AlignmentError("batched gradients failed their check against the batch's gradient")
-            log("gradients: the batched per-completion gradients failed their check; one backward per completion from here on")
+            log("gradients: the batched per-completion gradients failed their check; one backward per completion for the rest "
+                "of these completions (the next prompt's, or row block's, try the batched way again)")
             plan = None
         logp = token_logprobs(model, input_ids, attn, lp)
         seq = (logp * cmask).sum(dim=1)

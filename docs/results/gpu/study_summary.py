@@ -37,8 +37,13 @@ def walls(reward: str) -> dict[tuple[str, str], str]:
     return out
 
 
+def run_prefix(reward: str) -> str:
+    """The study's run-name prefix: gpu_bon (rule reward) or gpu_bon_<reward>."""
+    return "gpu_bon" if reward == "rule" else f"gpu_bon_{reward}"
+
+
 def main(reward: str) -> None:
-    prefix = "gpu_bon" if reward == "rule" else f"gpu_bon_{reward}"
+    prefix = run_prefix(reward)
     wall = walls(reward)
     print("| run | validation at 0 / 25 / 50 / 75 (* selected) | grad norm median (max) | clip | steps clipped | KL at the end | step (s) | generation (s) | train wall | eval wall |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -57,7 +62,7 @@ def main(reward: str) -> None:
 
 
 def spread(reward: str) -> None:
-    prefix = "gpu_bon" if reward == "rule" else f"gpu_bon_{reward}"
+    prefix = run_prefix(reward)
     runs = sorted(HERE.glob(f"runs/{prefix}_grpo-base")) + [r for m in METHODS for r in sorted(HERE.glob(f"runs/{prefix}_{m}-s*"))]
     print("| run | held-out mean | within-prompt std (mean over prompts) | pooled q99 | mean tokens | cut at max_new_tokens |")
     print("|---|---:|---:|---:|---:|---:|")
