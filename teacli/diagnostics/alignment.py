@@ -568,7 +568,8 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
         model = models.load_policy(policy_cfg, dtype=torch.float32, device=device).eval()
         reward = build_reward(recipe.reward, device=device, tokenizer=tokenizer)
         engine = build_engine(recipe.rollout, model, tokenizer, policy=policy_cfg, seed=recipe.seed,
-                              max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
+                              max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
+                              sampler_logprobs=False)  # nothing here reads them (vllm: only the sync check's)
         engine.load_weights(model.named_parameters())
         engine.wake()
         sampling = sampling_from(recipe.rollout)

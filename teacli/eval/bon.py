@@ -451,7 +451,8 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
         # The options reach the vllm engine only; it starts from placeholder weights and gets the
         # checkpoint's through load_weights (a no-op for the hf engine, which samples with `model`).
         engine = build_engine(recipe.rollout, model, tokenizer, policy=policy_cfg, seed=recipe.seed,
-                              max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
+                              max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
+                              sampler_logprobs=False)  # nothing here reads them (vllm: only the sync check's)
         engine.load_weights(model.named_parameters())
         engine.wake()
         sampling = sampling_from(recipe.rollout)

@@ -106,7 +106,9 @@ class VLLMEngine:
     Options (from `build_engine`): `policy` (PolicyConfig: dtype, trust_remote_code), `seed`
     (the engine's seed; give each rank its own), `max_model_len` (prompt + completion tokens),
     `dtype` (overrides policy.dtype), `trainer_bytes` (what the trainer will hold between steps, for
-    the memory plan: `backend.model_state_bytes`). `cfg.vllm_kwargs` (rollout.vllm_kwargs) go to `vllm.LLM`
+    the memory plan: `backend.model_state_bytes`), `sampler_logprobs` (every completion carries its sampled
+    tokens' log-probs, what `rollout.is_correction` needs; False: only the completions the sync check re-scores
+    do, which spares vLLM's per-token log-prob bookkeeping in this process: docs/vllm.md). `cfg.vllm_kwargs` (rollout.vllm_kwargs) go to `vllm.LLM`
     after tea's own arguments: keys tea sets itself are refused (`teacli.config.VLLM_RESERVED_KWARGS`), except
     the defaults in `TEA_DEFAULT_KWARGS`, which they may replace; keys this vLLM lacks are refused.
     """
@@ -122,6 +124,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         dtype: "str | torch.dtype | None" = None,
         trainer_bytes: int | None = None,
+        sampler_logprobs: bool = True,
     ) -> None:
         from teacli.config import check_vllm_kwargs
         from teacli.models import resolve_dtype
@@ -129,6 +132,7 @@ class VLLMEngine:
         check_vllm_kwargs(cfg.vllm_kwargs)  # a recipe was checked on load; a RolloutConfig built in code is here
 
         self.cfg = cfg
+        self.sampler_logprobs = sampler_logprobs
         self.model = model
         self.tokenizer = tokenizer
         if tokenizer.eos_token_id is None:
@@ -242,9 +246,14 @@ class VLLMEngine:
         # Flat log-probs (vLLM >= 0.12): a few lists per request instead of a dict and a Logprob object per
         # token, built in this process's output loop at every decode step (the engine core runs in-process).
         flat = {"flat_logprobs": True} if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()) else {}
-        params = [
-            SamplingParams(
-                n=n,
+        # With sampler_logprobs off, only the prompts the sync check reads ask for log-probs, and only for
+        # their first sample: (n = 1, seed s) + (n - 1, seed s + 1) draws exactly what (n, seed s) draws,
+        # since vLLM seeds a request's sample j with seed + j.
+        checked = _SYNC_CHECK_SEQUENCES if self._verify_pending and self.cfg.verify_sync else 0
+
+        def request(i: int, count: int, first: int, logprobs: bool) -> tuple[int, Any]:
+            return i, SamplingParams(
+                n=count,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k if sampling.top_k > 0 else -1,  # -1 = off in every vLLM version
@@ -253,17 +262,28 @@ class VLLMEngine:
                 max_tokens=sampling.max_new_tokens,
                 min_tokens=0,
                 stop_token_ids=list(self.eos_token_ids),
-                seed=_prompt_seed(seed, i),
-                logprobs=0,  # the sampled token's log-prob only
+                seed=_prompt_seed(seed, i) + first,
+                logprobs=0 if logprobs else None,  # the sampled token's log-prob only
                 detokenize=False,  # we decode exactly as the hf engine does
                 **flat,
             )
-            for i in range(len(prompt_token_ids))
-        ]
-        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
+
+        requests: list[tuple[int, Any]] = []
+        for i in range(len(prompt_token_ids)):
+            if self.sampler_logprobs:
+                requests.append(request(i, n, 0, True))
+            elif i < checked:
+                requests.append(request(i, 1, 0, True))
+                if n > 1:
+                    requests.append(request(i, n - 1, 1, False))
+            else:
+                requests.append(request(i, n, 0, False))
+        prompts = [{"prompt_token_ids": list(prompt_token_ids[i])} for i, _ in requests]
         with _preserved_rng():
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        groups = [[self._completion(o) for o in out.outputs] for out in outputs]
+            outputs = self.llm.generate(prompts, [p for _, p in requests], use_tqdm=False)
+        groups: list[list[Completion]] = [[] for _ in prompt_token_ids]
+        for (i, _), out in zip(requests, outputs):
+            groups[i].extend(self._completion(o) for o in out.outputs)
         if any(len(g) != n for g in groups):
             raise RuntimeError(f"vLLM returned {[len(g) for g in groups]} completions per prompt, expected {n}")
         if self._verify_pending and self.cfg.verify_sync:
@@ -377,7 +397,8 @@ class VLLMEngine:
         from teacli.logprobs import token_logprobs
 
         diffs: list[torch.Tensor] = []
-        picks = [(p, g[0]) for p, g in zip(prompt_token_ids, groups) if g and g[0].token_ids][:_SYNC_CHECK_SEQUENCES]
+        # the first sample of each of the first prompts: the ones `generate` asked log-probs for in any case
+        picks = [(p, g[0]) for p, g in zip(prompt_token_ids[:_SYNC_CHECK_SEQUENCES], groups) if g and g[0].token_ids]
         module = self.model
         was_training = module.training
         module.eval()

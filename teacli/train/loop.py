@@ -204,6 +204,7 @@ def _setup(recipe: "Recipe", world):
     from teacli.rewards import build_reward
     from teacli.rollout.factory import build_engine as build_rollout
     from teacli.train import backend
+    from teacli.train.importance import resolve_is_correction
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -247,6 +248,8 @@ def _setup(recipe: "Recipe", world):
     rollout = build_rollout(
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
+        # every sampled token's log-prob only where the importance correction reads them
+        sampler_logprobs=resolve_is_correction(recipe.rollout.is_correction, "vllm") != "off",
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
     return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing
 

@@ -317,12 +317,40 @@ class TestOneEngine:
         assert fresh.stats()["sync_logprob_mean_abs_diff"] < 1e-4
 
 
+    def test_sampler_logprobs_off_draws_the_same_samples_with_log_probs_for_the_sync_check_only(self, fresh, model, prompts):
+        """sampler_logprobs=False (no importance correction reads them): the same tokens as with every
+        log-prob asked for (a prompt's first sample is its own request, seed s, the rest one request with
+        seed s + 1), log-probs only on the first sample of the first 4 prompts after a push, none otherwise;
+        the sync check still runs on them."""
+        many = prompts * 2  # 6 prompts: beyond the 4 the sync check reads
+        fresh.load_weights(model.named_parameters())
+        every = fresh.generate(many, n=5, sampling=sample(), seed=11)
+        assert all(c.logprobs is not None for row in every for c in row)
+        fresh.sampler_logprobs = False
+        try:
+            fresh.load_weights(model.named_parameters())  # a push: the next call checks
+            checked = fresh.generate(many, n=5, sampling=sample(), seed=11)
+            assert fresh.stats()["sync_logprob_mean_abs_diff"] < 1e-4 and fresh.stats()["sync_tokens_checked"] > 0
+            plain = fresh.generate(many, n=5, sampling=sample(), seed=11)  # no push since: no check, no log-probs
+        finally:
+            fresh.sampler_logprobs = True
+        assert ids_of(checked) == ids_of(every) == ids_of(plain)
+        for i, row in enumerate(checked):
+            assert [c.logprobs is not None for c in row] == [i < 4] + [False] * 4, i
+            if i < 4:
+                assert row[0].logprobs == every[i][0].logprobs
+        assert all(c.logprobs is None for row in plain for c in row)
+
     def test_sync_check_catches_a_push_that_did_not_happen(self, fresh, model, tok, prompts, monkeypatch):
         """TRL #5312's failure: the trainer believes it synced, vLLM still has the old weights."""
         trained = copy.deepcopy(model)
         optimizer_step(trained, tok, prompts)
         fresh.model = trained
         monkeypatch.setattr(fresh, "_push", lambda weights: sum(1 for _ in weights))  # consumes, pushes nothing
+        fresh.load_weights(trained.named_parameters())
+        with pytest.raises(RolloutSyncError, match="rollout.verify_sync"):
+            fresh.generate(prompts, n=2, sampling=sample(), seed=0)
+        monkeypatch.setattr(fresh, "sampler_logprobs", False)  # the sync check's own log-probs still come
         fresh.load_weights(trained.named_parameters())
         with pytest.raises(RolloutSyncError, match="rollout.verify_sync"):
             fresh.generate(prompts, n=2, sampling=sample(), seed=0)
@@ -418,14 +446,16 @@ def train_assets(tmp_path_factory):
 def test_tea_train_with_the_vllm_engine(train_assets, tmp_path, processes, zero_stage, lora):
     """The real CLI: one process under ZeRO-2; two under ZeRO-3 (each rank its own engine in the
     trainer's process group, vLLM's external_launcher; parameters gathered one by one for the push);
-    and LoRA (adapters merged into every push)."""
+    and LoRA (adapters merged into every push), there without the importance correction, so the
+    engine asks vLLM for the sync check's log-probs only."""
 
     from tiny_lm import tea_env, tiny_recipe, write_recipe
 
     recipe = tiny_recipe(
         train_assets / "policy", train_assets / "data", name="tiny_vllm",
         policy__lora={"enabled": lora, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        data__max_prompt_tokens=200, rollout={"engine": "vllm", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 8},
+        data__max_prompt_tokens=200,
+        rollout={"engine": "vllm", "prompts_per_step": 2, "group_size": 8, "max_new_tokens": 8, "is_correction": "off" if lora else "auto"},
         optim__steps=3, optim__lr=3.0e-2 if lora else 3.0e-3, backend__zero_stage=zero_stage, checkpoint__save_every=3,
     )
     write_recipe(tmp_path / "recipe.yaml", recipe)
@@ -442,8 +472,10 @@ def test_tea_train_with_the_vllm_engine(train_assets, tmp_path, processes, zero_
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:  # every step generated with weights verified against the trainer's
         assert r["sync_logprob_mean_abs_diff"] < 1e-4 and r["sync_tokens_checked"] > 0, r
-        # rollout.is_correction: auto = token-level with vllm; fp32 on both sides, so the ratios are ≈ 1
-        assert abs(r["is_ratio_mean"] - 1) < 1e-3 and r["is_truncated_frac"] == 0, r
+        if lora:  # rollout.is_correction: off
+            assert "is_ratio_mean" not in r, r
+        else:  # rollout.is_correction: auto = token-level with vllm; fp32 on both sides, so the ratios are ≈ 1
+            assert abs(r["is_ratio_mean"] - 1) < 1e-3 and r["is_truncated_frac"] == 0, r
     assert rows[-1]["kl_loss"] > 0  # the policy moved, and the pushes followed it
     print(f"tea train (vllm, {processes} process(es), ZeRO-{zero_stage}, lora={lora}): sync mean gaps",
           [f"{r['sync_logprob_mean_abs_diff']:.1e}" for r in rows])
