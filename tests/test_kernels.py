@@ -133,6 +133,63 @@ def test_generation_with_compiled_policy_uses_the_eager_layers():
     assert model.training  # the engine restored train mode
 
 
+def test_liger_patch_stays_out_of_generation(monkeypatch):
+    """liger's kernels are Triton (CUDA only), so a stand-in does what its per-architecture patch does:
+    binds new forwards on the RMSNorm and MLP instances and swaps the architecture module's rotary
+    function, each counting its calls. The policy's training forward goes through them; the hf engine's
+    generation does not (on a GPU it ran 3.3x slower through them) and samples what the eager model
+    samples, also after the reference model's patch has put the rotary function back."""
+    import torch
+    import transformers.models.llama.modeling_llama as llama
+    from tiny_lm import make_causal_lm, make_tokenizer
+
+    from teacli import kernels
+    from teacli.models import encode_chat
+    from teacli.rollout.hf import HFEngine
+    from teacli.types import SamplingConfig
+
+    calls = {"norm": 0, "mlp": 0, "rotary": 0}
+    eager_rotary = llama.apply_rotary_pos_emb
+
+    def counted(kind, fn):
+        def call(*args, **kwargs):
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    def fake_liger(model=None, **kwargs):
+        llama.apply_rotary_pos_emb = counted("rotary", eager_rotary)
+        for module in model.modules():
+            if isinstance(module, llama.LlamaRMSNorm):
+                module.forward = counted("norm", llama.LlamaRMSNorm.forward.__get__(module))
+            elif isinstance(module, llama.LlamaMLP):
+                module.forward = counted("mlp", llama.LlamaMLP.forward.__get__(module))
+
+    monkeypatch.setattr(kernels, "_liger_table", lambda: {"llama": fake_liger})
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", eager_rotary)  # restored after the test
+    monkeypatch.setattr(kernels, "_EAGER_GLOBALS", {})
+    monkeypatch.setattr(kernels, "_GENERATING_ARCHS", set())
+
+    tok = make_tokenizer()
+    prompts = [encode_chat(tok, [{"role": "user", "content": q}], add_generation_prompt=True) for q in ("the cat sat", "one two three")]
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=6)
+    want = HFEngine(make_causal_lm(tok), tok, batch_size=4, compile=False).generate(prompts, 2, sampling, seed=3)
+    policy = kernels.apply_kernels(make_causal_lm(tok).train(), "liger", generates=True)
+    reference = kernels.apply_kernels(make_causal_lm(tok).eval(), "liger", generates=False)  # swaps the rotary again
+
+    ids, mask, _ = _batch(0, 2, 9)
+    policy(input_ids=ids, attention_mask=mask).logits.sum().backward()  # the training forward: liger throughout
+    assert min(calls.values()) > 0, calls
+    with torch.no_grad():
+        reference(input_ids=ids, attention_mask=mask)  # the reference keeps liger's instance forwards
+    trained = dict(calls)
+    assert calls["norm"] > 0 and calls["mlp"] > 0
+    got = HFEngine(policy, tok, batch_size=4, compile=False).generate(prompts, 2, sampling, seed=3)
+    assert calls["norm"] == trained["norm"] and calls["mlp"] == trained["mlp"] and calls["rotary"] == trained["rotary"], calls
+    assert [[c.token_ids for c in g] for g in got] == [[c.token_ids for c in g] for g in want]
+    assert policy.training  # the engine restored train mode
+
+
 def test_resolve_kernels_on_cpu():
     from tiny_lm import make_causal_lm, make_tokenizer
 
