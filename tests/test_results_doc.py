@@ -103,3 +103,38 @@ def test_gpu_report_recomputes_from_the_committed_records(reward, prefix, tmp_pa
     assert capsys.readouterr().out == (gpu / f"training_{reward}.md").read_text()
     summary.spread(reward)
     assert capsys.readouterr().out == (gpu / f"spread_{reward}.md").read_text()
+
+
+def test_embedded_report_recomputes_from_the_committed_records(tmp_path, monkeypatch):
+    """The embedded study's report (docs/results/report: two-level intervals), its tail fits (tail_fit/,
+    tail_fit_base/), training_summary.md and seed_spread.md are what `tea report` (as the study's report
+    stage runs it: recipes/studies/embedded_bon.yaml), `tea diagnose tail-fit` and the two scripts compute
+    from the committed records in docs/results/runs/, restored by collect.py --restore --records."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    results = DOCS / "results"
+    _load("collect", results / "gpu" / "collect.py").restore(tmp_path / "runs", results / "runs")
+    monkeypatch.chdir(tmp_path)
+    runs = [f"runs/embedded_{m}-s{s}" for m in ("grpo", "tea") for s in range(3)]
+    res = CliRunner().invoke(app, ["report", *runs, "--baseline", "embedded_grpo", "--base-arm", "runs/embedded_grpo-base",
+                                   "--bootstrap", "1000", "--seed", "0", "--out", "out/report", "--split", "heldout",
+                                   "--n", "64", "--checkpoint", "selected", "--endpoints", "16,32,64"])
+    assert res.exit_code == 0, res.output
+    committed = sorted(p for p in (results / "report").iterdir() if p.suffix in (".md", ".csv", ".json"))
+    assert len(committed) >= 18
+    for path in committed:
+        assert (tmp_path / "out" / "report" / path.name).read_text() == path.read_text(), f"{path} differs from a recomputation"
+    fits = (("tail_fit", [*runs, "--split", "heldout", "--n", "64"]),
+            ("tail_fit_base", ["runs/embedded_grpo-base", "--checkpoint", "base", "--split", "heldout", "--n", "64"]))
+    for out, args in fits:
+        res = CliRunner().invoke(app, ["diagnose", "tail-fit", *args, "--out", f"out/{out}", "--no-plots"])
+        assert res.exit_code == 0, res.output
+        for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv", "tail_fit.json"):
+            committed_file = results / out / name
+            assert (tmp_path / "out" / out / name).read_text() == committed_file.read_text(), f"{committed_file} differs from a recomputation"
+    training = _load("summarize_training", results / "summarize_training.py").table(tmp_path / "runs")
+    assert training == (results / "training_summary.md").read_text()
+    spread = _load("seed_spread", results / "seed_spread.py").table(tmp_path / "out" / "report" / "summary.json")
+    assert spread == (results / "seed_spread.md").read_text()

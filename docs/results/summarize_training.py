@@ -1,20 +1,53 @@
-"""Writes docs/results/training_summary.md from the study's copied metrics.jsonl files (run from the repo root:
-`python docs/results/summarize_training.py`), so docs/results.md quotes a file rather than typed numbers."""
+"""Writes docs/results/training_summary.md from the study's committed runs (docs/results/runs/: metrics.jsonl,
+validation.jsonl, selected.json, recipe.yaml; run from the repo root: `python docs/results/summarize_training.py`),
+so docs/results.md quotes a file rather than typed numbers. `table(RUNS_DIR)` reads any runs directory of the
+same layout (the records restored by `docs/results/gpu/collect.py --restore ... --records docs/results/runs`).
+
+The tail-check column replays the training's tail check (teacli/diagnostics/tail_check.py) on the logged
+`tail_r2_median` with the recipe's `advantage.tail_check_r2` and `tail_check_window`: the run warned when, once
+the window was full, the running median fell below the threshold (the run's tail_check_warning.txt is not kept).
+"""
 
 import json
 import statistics
 from pathlib import Path
+
+import yaml
 
 HERE = Path(__file__).parent
 KEYS = [("adv_std", "mean adv_std", "{:.3f}"), ("grad_norm", "mean pre-clip grad_norm", "{:.1f}"),
         ("grad_clipped", "steps clipped", "{:.0%}"), ("kl", "mean KL(π‖π_ref) per sequence", "{:.2f}"),
         ("tail_r2_median", "mean tail_r2_median", "{:.3f}"), ("adv_nonzero_frac", "mean adv_nonzero_frac", "{:.2f}"),
         ("time_step", "mean step (s, H200)", "{:.2f}")]
-lines = ["| Run | " + " | ".join(k[1] for k in KEYS) + " | tail-check warning |", "| --- |" + " ---: |" * len(KEYS) + " --- |"]
-for run in sorted((HERE / "runs").glob("*-s*")):
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().split("\n") if line.strip()]
-    cells = [fmt.format(statistics.mean(float(r[k]) for r in rows if k in r)) for k, _, fmt in KEYS]
-    warned = (run / "tail_check_warning.txt").exists()
-    lines.append(f"| {run.name} | " + " | ".join(cells) + f" | {'yes' if warned else 'no'} |")
-(HERE / "training_summary.md").write_text("\n".join(lines) + "\n")
-print("\n".join(lines))
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
+
+
+def tail_check_warned(rows: list[dict], threshold: float | None, window: int) -> bool:
+    """Whether TailCheck would have warned on these metrics rows (median of the last `window` values < threshold)."""
+    values = [float(r["tail_r2_median"]) for r in rows if r.get("tail_r2_median") is not None]
+    return threshold is not None and any(statistics.median(values[i - window:i]) < threshold
+                                         for i in range(window, len(values) + 1))
+
+
+def table(runs: Path) -> str:
+    lines = ["| Run | validation at each step (* selected) | " + " | ".join(k[1] for k in KEYS) + " | tail-check warning |",
+             "| --- | --- |" + " ---: |" * len(KEYS) + " --- |"]
+    for run in sorted(runs.glob("*-s*")):
+        rows = _jsonl(run / "metrics.jsonl")
+        chosen = json.loads((run / "selected.json").read_text())["step"]
+        val = " / ".join(f"{v['step']}: {v['score']:.3f}" + ("*" if v["step"] == chosen else "")
+                         for v in _jsonl(run / "validation.jsonl"))
+        cells = [fmt.format(statistics.mean(float(r[k]) for r in rows if k in r)) for k, _, fmt in KEYS]
+        adv = yaml.safe_load((run / "recipe.yaml").read_text())["advantage"]
+        warned = tail_check_warned(rows, adv.get("tail_check_r2", 0.8), int(adv.get("tail_check_window", 10)))
+        lines.append(f"| {run.name} | {val} | " + " | ".join(cells) + f" | {'yes' if warned else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    text = table(HERE / "runs")
+    (HERE / "training_summary.md").write_text(text)
+    print(text, end="")

@@ -9,7 +9,11 @@ the best sample's record with its text (`<split>-M<M>.best.json.gz`: what best-o
     python docs/results/gpu/collect.py --restore DEST_RUNS_DIR                # docs/results/gpu/runs/ -> plain run dirs
 
 `--restore` writes run directories that `tea report` and `tea diagnose tail-fit` read as they are; their
-records' `response` is null (the texts were not kept, so `tea judge` cannot run on them).
+records' `response` is null (the texts were not kept, so `tea judge` cannot run on them). A last
+`--records DIR` uses DIR instead of docs/results/gpu/runs/ (the embedded study's are in docs/results/runs/):
+
+    python docs/results/gpu/collect.py SRC_RUNS_DIR embedded_tea-s0 ... --records docs/results/runs
+    python docs/results/gpu/collect.py --restore DEST_RUNS_DIR --records docs/results/runs
 """
 
 import gzip
@@ -47,11 +51,12 @@ def strip_records(src: Path, dst: Path) -> int:
     return n
 
 
-def restore(dest_runs: Path) -> None:
-    for f in sorted(DEST.rglob("*")):
+def restore(dest_runs: Path, records: Path = DEST) -> None:
+    """The committed records under `records` (default docs/results/gpu/runs/) as plain run directories in dest_runs."""
+    for f in sorted(records.rglob("*")):
         if not f.is_file():
             continue
-        out = dest_runs / f.relative_to(DEST)
+        out = dest_runs / f.relative_to(records)
         out.parent.mkdir(parents=True, exist_ok=True)
         if f.name.endswith(".jsonl.gz"):  # the record format's text field comes back as null: the texts were not kept
             out = out.with_name(f.name[: -len(".gz")])
@@ -60,11 +65,11 @@ def restore(dest_runs: Path) -> None:
                     fout.write(json.dumps({**json.loads(line), "response": None}) + "\n")
         else:
             shutil.copy2(f, out)
-    print(f"restored {len(list(DEST.iterdir()))} run(s) into {dest_runs}")
+    print(f"restored {len(list(records.iterdir()))} run(s) into {dest_runs}")
 
 
-def collect(src_runs: Path, name: str) -> None:
-    src, dst = src_runs / name, DEST / name
+def collect(src_runs: Path, name: str, records: Path = DEST) -> None:
+    src, dst = src_runs / name, records / name
     dst.mkdir(parents=True, exist_ok=True)
     for f in TOP:
         if (src / f).exists():
@@ -78,12 +83,15 @@ def collect(src_runs: Path, name: str) -> None:
             shutil.copy2(f, out)
         elif f.suffix == ".jsonl":
             out = out.with_name(out.name + ".gz")
-            print(f"{out.relative_to(DEST)}: {strip_records(f, out)} records")
+            print(f"{out.relative_to(records)}: {strip_records(f, out)} records")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--restore"]:
-        restore(Path(sys.argv[2]))
+    args, records = sys.argv[1:], DEST
+    if args[-2:-1] == ["--records"]:
+        args, records = args[:-2], Path(args[-1]).resolve()
+    if args[:1] == ["--restore"]:
+        restore(Path(args[1]), records)
     else:
-        for run in sys.argv[2:]:
-            collect(Path(sys.argv[1]), run)
+        for run in args[1:]:
+            collect(Path(args[0]), run, records)
