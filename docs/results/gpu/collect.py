@@ -51,8 +51,9 @@ def strip_records(src: Path, dst: Path) -> int:
     return n
 
 
-def restore(dest_runs: Path, records: Path = DEST) -> None:
+def restore(dest_runs: Path, records: Path | None = None) -> None:
     """The committed records under `records` (default docs/results/gpu/runs/) as plain run directories in dest_runs."""
+    records = records or DEST
     for f in sorted(records.rglob("*")):
         if not f.is_file():
             continue
@@ -68,7 +69,8 @@ def restore(dest_runs: Path, records: Path = DEST) -> None:
     print(f"restored {len(list(records.iterdir()))} run(s) into {dest_runs}")
 
 
-def collect(src_runs: Path, name: str, records: Path = DEST) -> None:
+def collect(src_runs: Path, name: str, records: Path | None = None) -> None:
+    records = records or DEST
     src, dst = src_runs / name, records / name
     dst.mkdir(parents=True, exist_ok=True)
     for f in TOP:
