@@ -5,6 +5,7 @@ be what docs/results/build_doc.py renders from docs/results.src.md (no hand edit
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -65,6 +66,34 @@ def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatc
         for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
             committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_trained" / name
             assert (tmp_path / "out" / f"{reward}_trained" / name).read_text() == committed.read_text(), f"{committed} differs from a recomputation"
+
+
+@pytest.mark.parametrize("folder", ["alignment", "gpu/alignment_judge_base", "gpu/alignment_rule_base", "gpu/alignment_judge_trained"])
+def test_alignment_tables_render_from_their_run_json(folder):
+    """Each committed alignment diagnostic's alignment.json, alignment{,_sem}.{md,csv} are what teacli's writer
+    renders from the committed alignment.run.json (the run's sizes and every cell's cosine count, mean and sem),
+    and its settings name no machine path (a checkpoint is given relative to the repository)."""
+    from teacli.diagnostics.alignment import public, tables
+    from teacli.report.tables import csv_text, markdown
+
+    out = DOCS / "results" / folder
+    run = json.loads((out / "alignment.run.json").read_text())
+    details = run.pop("details")
+    assert (out / "alignment.json").read_text() == json.dumps(public(details), indent=2) + "\n"
+    written = tables(details, run)
+    assert [t.name for t in written] == ["alignment", "alignment_sem"]
+    for t in written:
+        assert (out / f"{t.name}.md").read_text() == markdown(t), f"{out}/{t.name}.md differs from its run.json"
+        assert (out / f"{t.name}.csv").read_text() == csv_text(t), f"{out}/{t.name}.csv differs from its run.json"
+    pool = json.loads((out / "pool.run.json").read_text()) if (out / "pool.run.json").exists() else {}
+    for checkpoint in (run["checkpoint"], pool.get("checkpoint")):
+        assert checkpoint is None or not Path(checkpoint).is_absolute(), checkpoint
+
+
+def test_align_retrain_table_recomputes():
+    """docs/results/gpu/align_retrain.md is what align_retrain.py prints from the committed runs."""
+    gpu = DOCS / "results" / "gpu"
+    assert _load("align_retrain", gpu / "align_retrain.py").table() == (gpu / "align_retrain.md").read_text()
 
 
 def _load(name: str, path: Path):
