@@ -61,6 +61,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step import DENSE_BF16_FLOPS, grad_ckpt_setting, prompt_runs, tokenizer_for  # noqa: E402
 
 
+def kv_cache_arg(text: str) -> "float | str":
+    """--tea-kv-cache-gib: 'auto' or a positive number of GiB."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a positive number of GiB")
+    return value
+
+
 def vllm_kwargs_arg(text: str) -> dict:
     """The --vllm-kwargs option (here and in rollout_engines.py): a JSON or YAML mapping of `vllm.LLM` arguments
     for tea's vllm engine, read by the recipe loader and checked as rollout.vllm_kwargs is."""
@@ -159,9 +172,11 @@ def run_tea(args, device) -> dict:
         from teacli.rollout.vllm_engine import VLLMEngine
 
         recipe.rollout.engine, recipe.rollout.vllm_kwargs = "vllm", args.vllm_kwargs
+        recipe.rollout.kv_cache_gib = args.tea_kv_cache_gib
         is_level = args.tea_is_correction
         rollout = VLLMEngine(recipe.rollout, engine.module, tokenizer, seed=0, max_model_len=args.prompt_len + args.new_tokens,
-                             trainer_bytes=trainer_bytes, sampler_logprobs=is_level != "off")
+                             trainer_bytes=trainer_bytes, sampler_logprobs=is_level != "off",
+                             max_sequences=args.prompts * args.group_size)
         compiled, static = "vllm", "vllm"
     else:
         rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
@@ -210,7 +225,8 @@ def run_tea(args, device) -> dict:
         "kernels": kernels,
         "logprobs": resolved_kind(engine, device), "attention": getattr(rollout, "attention", "vllm"), "static_cache": static, "compile": compiled,
         "share_prompts": shares_prompts(recipe, engine, reference), "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"),
-        "params": n_params, "engine": args.engine, **({"vllm_kwargs": args.vllm_kwargs, "is_correction": is_level} if args.engine == "vllm" else {}),
+        "params": n_params, "engine": args.engine, **({"vllm_kwargs": args.vllm_kwargs, "is_correction": is_level, "kv_cache_gib": args.tea_kv_cache_gib}
+           if args.engine == "vllm" else {}),
     }
     if hasattr(rollout, "close"):
         rollout.close()
@@ -359,6 +375,9 @@ def main() -> None:
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
     p.add_argument("--tea-is-correction", choices=["token", "off"], default="token",
                    help="--engine vllm: tea's rollout.is_correction (off: vLLM returns log-probs for the sync check's completions only)")
+    p.add_argument("--tea-kv-cache-gib", type=kv_cache_arg, default=None,
+                   help="--engine vllm: tea's rollout.kv_cache_gib (a number, or auto: what one step's sequences hold; "
+                        "default: what the memory share leaves)")
     p.add_argument("--trl-vllm-memory", type=float, default=0.3, help="--engine vllm: TRL's vllm_gpu_memory_utilization")
     p.add_argument("--vllm-kwargs", type=vllm_kwargs_arg, default={},
                    help="--engine vllm: more vllm.LLM arguments for tea's engine (rollout.vllm_kwargs), JSON or YAML, "

@@ -242,10 +242,13 @@ class RolloutConfig:
         "share larger than what is free is refused at start-up (docs/vllm.md).",
         gt=0.0, le=1.0,
     )
-    kv_cache_gib: float | None = field(
+    kv_cache_gib: float | Literal["auto"] | None = field(
         None,
         "vllm on CUDA: the KV cache in GiB (vLLM's kv_cache_memory_bytes), instead of what gpu_memory_utilization "
-        "leaves after the weights and activations; checked against the free memory at start-up.",
+        "leaves after the weights and activations (null); checked against the free memory at start-up. 'auto' = what "
+        "one generation call's sequences can hold at once (tea train: a rank's prompts x group_size, each "
+        "data.max_prompt_tokens + rollout.max_new_tokens long, plus 25%), where that is at most half the engine's "
+        "share; a smaller cache wakes faster after sleep (docs/vllm.md).",
         gt=0.0,
     )
     sleep: bool = field(True, "vllm: sleep while training (weights and KV cache released), wake for generation (GPU only).")

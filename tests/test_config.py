@@ -400,3 +400,17 @@ def test_only_decimal_numbers_are_numbers(tmp_path):
         load_recipe(p)
     assert load_recipe(p, ["optim.steps=1_000"]).optim.steps == 1000
     assert load_recipe(p, ["optim.steps=+16", "optim.lr=.5e-3"]).optim.lr == 5e-4
+
+
+def test_rollout_kv_cache_gib_takes_null_a_size_or_auto(tmp_path):
+    from teacli.config import RecipeError, load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text("policy: {name_or_path: p}\ndata: {dir: d}\n")
+    assert load_recipe(path).rollout.kv_cache_gib is None  # vLLM sizes it from the share
+    assert load_recipe(path, ["rollout.kv_cache_gib=auto"]).rollout.kv_cache_gib == "auto"
+    assert load_recipe(path, ["rollout.kv_cache_gib=4"]).rollout.kv_cache_gib == 4.0
+    with pytest.raises(RecipeError, match=r"^rollout.kv_cache_gib: 0.0 is out of range"):
+        load_recipe(path, ["rollout.kv_cache_gib=0"])
+    with pytest.raises(RecipeError, match=r"^rollout.kv_cache_gib: 'big' has the wrong type"):
+        load_recipe(path, ["rollout.kv_cache_gib=big"])

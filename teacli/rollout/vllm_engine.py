@@ -92,6 +92,9 @@ _CPU_KV_CACHE_GIB = 1  # default KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE 
 # 10% kept back absorbs what the trainer's allocator keeps between steps; without sleep, the trainer's
 # activations must fit beside the engine.
 AUTO_SHARE = {True: 0.9, False: 0.5}
+# rollout.kv_cache_gib: auto = one call's sequences at their longest, plus this margin (vLLM's 16-token
+# blocks round each sequence up; the prompt blocks prefix caching shares make it smaller).
+KV_AUTO_MARGIN = 1.25
 # The vllm.LLM arguments tea sets that rollout.vllm_kwargs may replace (every other one it sets is in
 # teacli.config.VLLM_RESERVED_KWARGS): the log-stats switch, and on CPU the whole-prompt scheduling below.
 TEA_DEFAULT_KWARGS = ("disable_log_stats", "enable_chunked_prefill", "max_num_batched_tokens")
@@ -103,14 +106,16 @@ class VLLMEngine:
 
     model: the trainer's module (HF causal LM, possibly peft-wrapped; `engine.module` under
     DeepSpeed) — its config builds the engine and it re-scores tokens for the sync check.
-    Options (from `build_engine`): `policy` (PolicyConfig: dtype, trust_remote_code), `seed`
-    (the engine's seed; give each rank its own), `max_model_len` (prompt + completion tokens),
-    `dtype` (overrides policy.dtype), `trainer_bytes` (what the trainer will hold between steps, for
-    the memory plan: `backend.model_state_bytes`), `sampler_logprobs` (every completion carries its sampled
-    tokens' log-probs, what `rollout.is_correction` needs; False: only the completions the sync check re-scores
-    do, which spares vLLM's per-token log-prob bookkeeping in this process: docs/vllm.md). `cfg.vllm_kwargs` (rollout.vllm_kwargs) go to `vllm.LLM`
-    after tea's own arguments: keys tea sets itself are refused (`teacli.config.VLLM_RESERVED_KWARGS`), except
-    the defaults in `TEA_DEFAULT_KWARGS`, which they may replace; keys this vLLM lacks are refused.
+    Options (from `build_engine`): `policy` (PolicyConfig: dtype, trust_remote_code), `seed` (the
+    engine's seed; give each rank its own), `max_model_len` (prompt + completion tokens), `dtype`
+    (overrides policy.dtype), `trainer_bytes` (what the trainer will hold between steps, for the memory
+    plan: `backend.model_state_bytes`), `sampler_logprobs` (every completion carries its sampled tokens'
+    log-probs, what `rollout.is_correction` needs; False: only the completions the sync check re-scores
+    do, which spares vLLM's per-token log-prob bookkeeping in this process: docs/vllm.md),
+    `max_sequences` (the most sequences one `generate` call asks for, for `rollout.kv_cache_gib: auto`).
+    `cfg.vllm_kwargs` (rollout.vllm_kwargs) go to `vllm.LLM` after tea's own arguments: keys tea sets
+    itself are refused (`teacli.config.VLLM_RESERVED_KWARGS`), except the defaults in
+    `TEA_DEFAULT_KWARGS`, which they may replace; keys this vLLM lacks are refused.
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class VLLMEngine:
         dtype: "str | torch.dtype | None" = None,
         trainer_bytes: int | None = None,
         sampler_logprobs: bool = True,
+        max_sequences: int | None = None,
     ) -> None:
         from teacli.config import check_vllm_kwargs
         from teacli.models import resolve_dtype
@@ -173,7 +179,11 @@ class VLLMEngine:
             kwargs["max_model_len"] = min(max_model_len, getattr(base.config, "max_position_embeddings", None) or max_model_len)
         self.memory: dict[str, float] = {}  # the plan (GiB), then what sleep and wake measured
         if self.device.type == "cuda":
-            kwargs.update(self._cuda_memory_plan(cfg, trainer_bytes))
+            kv_needed = None
+            per_token = kv_bytes_per_token(base.config, self.dtype)
+            if max_sequences and kwargs.get("max_model_len") and per_token:
+                kv_needed = (max_sequences, kwargs["max_model_len"], per_token)
+            kwargs.update(self._cuda_memory_plan(cfg, trainer_bytes, kv_needed))
             if cfg.compile is False:  # rollout.compile: auto and true keep vLLM's compile and CUDA graphs
                 kwargs["enforce_eager"] = True
         else:
@@ -360,7 +370,8 @@ class VLLMEngine:
             self._weights_awake = True
             self.memory["gpu_free_gib_before_wake"] = free / _GiB
 
-    def _cuda_memory_plan(self, cfg: "RolloutConfig", trainer_bytes: int | None) -> dict[str, Any]:
+    def _cuda_memory_plan(self, cfg: "RolloutConfig", trainer_bytes: int | None,
+                          kv_needed: "tuple[int, int, int] | None") -> dict[str, Any]:
         """`vllm.LLM`'s memory arguments from what the trainer leaves on this rank's GPU (`memory_plan`)."""
         import torch
 
@@ -369,6 +380,7 @@ class VLLMEngine:
         kwargs, how = memory_plan(
             cfg.gpu_memory_utilization, cfg.kv_cache_gib, self.sleep_enabled, free=free, total=total,
             allocated=torch.cuda.memory_allocated(self.device), trainer_bytes=trainer_bytes or 0, weights_bytes=self._weights_bytes,
+            kv_needed=kv_needed,
         )
         print(f"tea: vllm engine on {self.device}: {how}", file=sys.stderr, flush=True)
         self.memory["vllm_share_gib"] = kwargs["gpu_memory_utilization"] * total / _GiB
@@ -559,8 +571,8 @@ def sampled_logprobs(logprobs: Any, ids: list[int]) -> list[float]:
 
 
 def memory_plan(
-    utilization: "float | str", kv_cache_gib: float | None, sleep: bool, *, free: int, total: int, allocated: int,
-    trainer_bytes: int, weights_bytes: int,
+    utilization: "float | str", kv_cache_gib: "float | str | None", sleep: bool, *, free: int, total: int, allocated: int,
+    trainer_bytes: int, weights_bytes: int, kv_needed: "tuple[int, int, int] | None" = None,
 ) -> tuple[dict[str, Any], str]:
     """vLLM's memory arguments on one GPU beside the trainer → (kwargs, a line saying what was chosen).
 
@@ -572,7 +584,10 @@ def memory_plan(
     larger than what the trainer leaves, or a `kv_cache_gib` that with the weights exceeds the
     share, is a ValueError naming the key and the value that fits. vLLM 0.26 itself refuses to
     start when less than `gpu_memory_utilization` × total is free, and with `kv_cache_memory_bytes`
-    reads gpu_memory_utilization for that check only.
+    reads gpu_memory_utilization for that check only. `kv_cache_gib` 'auto' with `kv_needed` (sequences,
+    tokens each, KV bytes a token) fixes the KV cache at what those sequences hold at once, plus
+    `KV_AUTO_MARGIN`, where that is at most half of the share after the weights (the rest is left to
+    vLLM's activations and CUDA graphs); otherwise, as with null, vLLM sizes it from the share.
     """
     later = max(0, trainer_bytes - allocated)
     leaves = max(0, free - later)
@@ -590,6 +605,17 @@ def memory_plan(
         how = f"rollout.gpu_memory_utilization {utilization:g} of {total / _GiB:.1f} GiB"
     kwargs: dict[str, Any] = {"gpu_memory_utilization": share / total}
     kv = f"what remains after the weights ({weights_bytes / _GiB:.2f} GiB) and activations"
+    if kv_cache_gib == "auto":
+        if kv_needed is None:
+            return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv} (auto: the sequences per call are not known here)"
+        seqs, tokens, per_token = kv_needed
+        needed = int(seqs * tokens * per_token * KV_AUTO_MARGIN)
+        what = f"{seqs} sequences x {tokens} tokens x {per_token / 1024:.0f} KiB, +{KV_AUTO_MARGIN - 1:.0%}"
+        if needed > (share - weights_bytes) / 2:
+            return kwargs, (f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv} (auto: {what} = {needed / _GiB:.1f} GiB is more "
+                            "than half of the share after the weights)")
+        kwargs["kv_cache_memory_bytes"] = needed
+        return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {needed / _GiB:.2f} GiB (rollout.kv_cache_gib auto: {what})"
     if kv_cache_gib is not None:
         if kv_cache_gib * _GiB + weights_bytes > share:
             raise ValueError(
@@ -599,6 +625,19 @@ def memory_plan(
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
         kv = f"{kv_cache_gib:g} GiB (rollout.kv_cache_gib)"
     return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv}"
+
+
+def kv_bytes_per_token(config: Any, dtype: "torch.dtype") -> int | None:
+    """K and V bytes one token takes in every layer of a standard decoder (layers x KV heads x head size x 2 x the
+    dtype's bytes), from a transformers config; None where the config does not say (e.g. a multimodal config)."""
+    config = getattr(config, "text_config", None) or config
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads and getattr(config, "hidden_size", None) else None)
+    if not (layers and kv_heads and head_dim):
+        return None
+    return int(layers * kv_heads * head_dim * 2 * dtype.itemsize)
 
 
 def _free_bytes(device: "torch.device") -> int:

@@ -250,6 +250,7 @@ def _setup(recipe: "Recipe", world):
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
         # every sampled token's log-prob only where the importance correction reads them
         sampler_logprobs=resolve_is_correction(recipe.rollout.is_correction, "vllm") != "off",
+        max_sequences=local_seqs,  # a step's generation call (rollout.kv_cache_gib: auto)
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
     return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing
 

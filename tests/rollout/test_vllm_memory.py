@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from teacli.rollout.vllm_engine import memory_plan  # imports no vLLM: this runs in the main suite
+from teacli.rollout.vllm_engine import kv_bytes_per_token, memory_plan  # imports no vLLM: this runs in the main suite
 
 G = 2**30
 # An 80 GiB card; the trainer has 10 GiB allocated, will hold 14 GiB after its first step; 60 GiB free now.
@@ -43,6 +43,36 @@ def test_a_fixed_kv_cache_sets_vllms_bytes_and_must_fit_the_share_with_the_weigh
     share = 0.9 * 56  # 50.4 GiB: 50 GiB of KV cache + 1 GiB of weights do not fit
     with pytest.raises(ValueError, match=rf"^rollout.kv_cache_gib: 50 GiB .* 1.00 GiB of weights exceed the engine's {share:.1f} GiB"):
         memory_plan("auto", 50.0, True, **CARD)
+
+
+def test_auto_kv_cache_holds_one_calls_sequences_and_leaves_half_the_share_to_vllm_otherwise():
+    """rollout.kv_cache_gib: auto: 512 sequences x 384 tokens x 32 KiB a token = 6 GiB, +25% = 7.5 GiB, fixed as
+    vLLM's KV cache (the share, 0.9 x 56 = 50.4 GiB, keeps its size: vLLM's start-up check reads it); when one
+    call's sequences would take more than half of the share after the 1 GiB of weights (24.7 GiB), or the
+    sequences are not known, vLLM sizes the cache from the share as with null."""
+    kwargs, line = memory_plan("auto", "auto", True, **CARD, kv_needed=(512, 384, 32 * 1024))
+    assert kwargs["kv_cache_memory_bytes"] == int(7.5 * G)
+    assert kwargs["gpu_memory_utilization"] == pytest.approx(0.9 * 56 / 80)
+    assert "7.50 GiB (rollout.kv_cache_gib auto: 512 sequences x 384 tokens x 32 KiB, +25%)" in line
+    kwargs, line = memory_plan("auto", "auto", True, **CARD, kv_needed=(512, 2048, 32 * 1024))  # 40 GiB > 24.7
+    assert "kv_cache_memory_bytes" not in kwargs and "more than half of the share" in line
+    kwargs, line = memory_plan("auto", "auto", True, **CARD)
+    assert "kv_cache_memory_bytes" not in kwargs and "not known" in line
+
+
+def test_kv_bytes_per_token_of_standard_and_grouped_query_configs():
+    import torch
+    from transformers import LlamaConfig
+
+    # Llama-3.2-1B: 16 layers, 8 KV heads of 64 (2048 / 32): 16 x 8 x 64 x 2 (K and V) x 2 bytes = 32 KiB
+    llama = LlamaConfig(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8)
+    assert kv_bytes_per_token(llama, torch.bfloat16) == 32 * 1024
+    assert kv_bytes_per_token(llama, torch.float32) == 64 * 1024
+    # no num_key_value_heads: every head has its own K and V; an explicit head_dim wins over hidden / heads
+    mha = LlamaConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, head_dim=128)
+    mha.num_key_value_heads = None
+    assert kv_bytes_per_token(mha, torch.bfloat16) == 2 * 4 * 128 * 2 * 2
+    assert kv_bytes_per_token(object(), torch.bfloat16) is None
 
 
 def test_sampled_logprobs_read_flat_and_classic_vllm_logprobs_alike():
