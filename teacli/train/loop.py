@@ -195,8 +195,9 @@ def shares_prompts(recipe: "Recipe", engine, reference) -> bool:
     return recipe.optim.share_prompts and can_share_prompts(engine) and ref_ok
 
 
-def _setup(recipe: "Recipe", world):
-    """Models, reward, data, engines: everything the loop needs, built once."""
+def _setup(recipe: "Recipe", world, is_level: str):
+    """Models, reward, data, engines: everything the loop needs, built once. is_level: the resolved
+    rollout.is_correction (the vllm engine returns every sampled token's log-prob only where it is on)."""
     import torch
 
     from teacli import models
@@ -204,7 +205,6 @@ def _setup(recipe: "Recipe", world):
     from teacli.rewards import build_reward
     from teacli.rollout.factory import build_engine as build_rollout
     from teacli.train import backend
-    from teacli.train.importance import resolve_is_correction
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -248,8 +248,7 @@ def _setup(recipe: "Recipe", world):
     rollout = build_rollout(
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
-        # every sampled token's log-prob only where the importance correction reads them
-        sampler_logprobs=resolve_is_correction(recipe.rollout.is_correction, "vllm") != "off",
+        sampler_logprobs=is_level != "off",  # every sampled token's log-prob only where the correction reads them
         max_sequences=local_seqs,  # a step's generation call (rollout.kv_cache_gib: auto)
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
     return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing
@@ -512,7 +511,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
 
-    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world)
+    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world, is_level)
     on_rank0(world, commit_run_dir, run, recipe, resume, data_report)
     if resume.restart:
         say(world, resume.note(run, recipe))
