@@ -162,6 +162,8 @@ def _apply_liger(model: Any, *, generates: bool) -> None:
 
 
 def _in_train_mode(module: Any, fused: Any, eager: Any) -> Any:
+    """A forward that runs `fused` while `module` is in train mode and `eager` in eval mode."""
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         return (fused if module.training else eager)(*args, **kwargs)
 
@@ -188,11 +190,4 @@ def _compile_layer(layer: Any, *, train_mode_only: bool) -> None:
 
     eager = layer.forward
     compiled = torch.compile(eager)
-    if not train_mode_only:
-        layer.forward = compiled
-        return
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return (compiled if layer.training else eager)(*args, **kwargs)
-
-    layer.forward = forward
+    layer.forward = _in_train_mode(layer, compiled, eager) if train_mode_only else compiled
