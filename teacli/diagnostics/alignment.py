@@ -616,19 +616,18 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
     if model is None and (todo or block_name is None):
         model = models.load_policy(policy_cfg, dtype=torch.float32, device=device).eval()
     if model is not None:
-        block_name, chosen = find_block(model, s.block)
+        block_name, chosen = block_parameters(model, s.block)  # the block trainable, every other parameter frozen
         n_params = sum(p.numel() for _, p in chosen)
         record = {**grad_key, "block_name": block_name, "block_parameters": n_params}
         _atomic_bytes(key_path, lambda f: f.write(json.dumps(record).encode()))
     if todo:
         assert model is not None
-        block_parameters(model, s.block)
+        params = [p for _, p in chosen]
         how = (f"one backward per {s.grad_batch_size} completions, each completion's gradient from the block's Linear and RMSNorm "
-               f"inputs and output gradients" if _per_sample_plan(model, [p for _, p in chosen]) is not None
+               f"inputs and output gradients" if _per_sample_plan(model, params) is not None
                else f"{s.pool} backward passes each")
         log(f"gradients: block {block_name} ({n_params:,} parameters), {len(todo)} of {len(used)} prompts to do ({how})")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        params = [p for _, p in chosen]
         # Two row blocks of G are held at once (float32).
         rows_per_block = max(1, int(s.grad_memory_gib * 2**30 // (2 * 4 * n_params)))
         blocks = -(-s.pool // rows_per_block)
