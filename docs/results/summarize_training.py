@@ -3,9 +3,9 @@ validation.jsonl, selected.json, recipe.yaml; run from the repo root: `python do
 so docs/results.md quotes a file rather than typed numbers. `table(RUNS_DIR)` reads any runs directory of the
 same layout (the records restored by `docs/results/gpu/collect.py --restore ... --records docs/results/runs`).
 
-The tail-check column replays the training's tail check (teacli/diagnostics/tail_check.py) on the logged
-`tail_r2_median` with the recipe's `advantage.tail_check_r2` and `tail_check_window`: the run warned when, once
-the window was full, the running median fell below the threshold (the run's tail_check_warning.txt is not kept).
+The tail-check column is the run's tail_check_warning.txt where it is kept, else the training's own tail check
+(teacli.diagnostics.tail_check.TailCheck, writing nothing) replayed on the logged `tail_r2_median` with the
+recipe's `advantage.tail_check_r2` and `tail_check_window` (collect.py does not keep the warning file).
 """
 
 import json
@@ -25,11 +25,12 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
 
 
-def tail_check_warned(rows: list[dict], threshold: float | None, window: int) -> bool:
-    """Whether TailCheck would have warned on these metrics rows (median of the last `window` values < threshold)."""
-    values = [float(r["tail_r2_median"]) for r in rows if r.get("tail_r2_median") is not None]
-    return threshold is not None and any(statistics.median(values[i - window:i]) < threshold
-                                         for i in range(window, len(values) + 1))
+def tail_check_warned(run: Path, rows: list[dict], threshold: float | None, window: int) -> bool:
+    """Whether the run's tail check warned: its warning file, or TailCheck replayed on its metrics rows."""
+    from teacli.diagnostics.tail_check import TailCheck
+
+    check = TailCheck(threshold, window, run, note=lambda text: None, is_main=False)  # is_main False: writes nothing
+    return check.warned or any([check.observe(r) is not None for r in rows])
 
 
 def table(runs: Path) -> str:
@@ -42,7 +43,7 @@ def table(runs: Path) -> str:
                          for v in _jsonl(run / "validation.jsonl"))
         cells = [fmt.format(statistics.mean(float(r[k]) for r in rows if k in r)) for k, _, fmt in KEYS]
         adv = yaml.safe_load((run / "recipe.yaml").read_text())["advantage"]
-        warned = tail_check_warned(rows, adv.get("tail_check_r2", 0.8), int(adv.get("tail_check_window", 10)))
+        warned = tail_check_warned(run, rows, adv.get("tail_check_r2", 0.8), int(adv.get("tail_check_window", 10)))
         lines.append(f"| {run.name} | {val} | " + " | ".join(cells) + f" | {'yes' if warned else 'no'} |")
     return "\n".join(lines) + "\n"
 
