@@ -62,16 +62,13 @@ from train_step import DENSE_BF16_FLOPS, grad_ckpt_setting, prompt_runs, tokeniz
 
 
 def kv_cache_arg(text: str) -> "float | str":
-    """--tea-kv-cache-gib: 'auto' or a positive number of GiB."""
-    if text == "auto":
-        return text
+    """--tea-kv-cache-gib: rollout.kv_cache_gib's value (a positive number of GiB or auto), checked as the recipe's key is."""
+    from teacli.config import RecipeError, RolloutConfig, build, parse_yaml
+
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a positive number of GiB")
-    return value
+        return build(RolloutConfig, {"kv_cache_gib": parse_yaml(text, "--tea-kv-cache-gib")}, {}, "rollout.").kv_cache_gib
+    except RecipeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def vllm_kwargs_arg(text: str) -> dict:
