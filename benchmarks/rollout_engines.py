@@ -43,6 +43,7 @@ timed calls; tokens/s counts generated tokens (EOS included) over the call's wal
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -105,7 +106,13 @@ def main() -> None:
         tokenizer = tokenizer_for(config.vocab_size)
         config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # built on the device in its dtype: the 8B shape in fp32 on a CPU takes minutes
+        try:
+            with device:
+                model = LlamaForCausalLM(config).eval()
+        finally:
+            torch.set_default_dtype(default)
         lo, hi = (int(x) for x in (args.ragged or "96,128").split(","))
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, config.vocab_size - 2, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
@@ -166,14 +173,23 @@ def main() -> None:
                     torch.cuda.synchronize()
                 return sum(len(c.token_ids) for row in out for c in row)
 
-            t_warm, tokens, seconds = time_calls(call, args.repeats)
-            print(table_row(name, k * args.n, tokens, seconds) + f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)", flush=True)
-            if name.startswith("vllm"):
-                sync_only_row(engine, call, name, k * args.n, args.repeats)
-                if args.log_prob_costs:
-                    log_prob_costs(engine, batch, args, sampling)
+            try:
+                t_warm, tokens, seconds = time_calls(call, args.repeats)
+                print(table_row(name, k * args.n, tokens, seconds) + f"  (built in {t_build:.1f} s, warm-up call {t_warm:.1f} s)",
+                      flush=True)
+                if name.startswith("vllm"):
+                    sync_only_row(engine, call, name, k * args.n, args.repeats)
+                    if args.log_prob_costs:
+                        log_prob_costs(engine, batch, args, sampling)
+            except torch.OutOfMemoryError as e:  # a size that does not fit is a row of the sweep, not its end
+                print(f"| {name} | {k * args.n} | out of memory | | |  ({str(e).splitlines()[0][:120]})", flush=True)
+                torch.cuda.empty_cache()
         if hasattr(engine, "close"):
             engine.close()
+        del engine, call  # the next engine starts with the memory this one held (the hf engine's caches, vLLM's pool)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def llama_shape(model: str, small: bool):
