@@ -12,10 +12,14 @@ policy (and the reference model where one is built) after loading and before LoR
     which already uses liger's fused linear cross-entropy there). RMSNorm and the MLP are patched
     on the model instance; liger patches the rotary function in the architecture's transformers
     module, so every model of that architecture in the process gets it. For the policy, which also
-    generates with the hf engine, liger's kernels run only where the training forward runs: its
+    generates with the hf engine, liger's kernels stay out of the engine's generation: its
     patched RMSNorm and MLP forwards only in train mode (the hf engine generates in eval mode), the
-    rotary function only while gradients are on (generation and every log-prob pass run under
-    no_grad). Measured on an H200 (docs/performance.md): with liger inside the engine's compiled,
+    rotary function everywhere but inside the engine's generation (`generating()`, which the hf
+    engine enters). So the reference model (eval mode, instance forwards patched without the
+    train-mode switch) computes with the same kernels as the policy's training forward: before the
+    first update their log-probs, and the KL, agree exactly. (Before, the rotary function ran
+    fused only with gradients on, so the reference's no-grad pass used the eager one and the KL at
+    step 1 was bf16 rounding, -0.002 a sequence on an H100, instead of 0.) Measured on an H200 (docs/performance.md): with liger inside the engine's compiled,
     static-cache generation, that generation took 3.3x as long (4.42 s against 1.33 s a step).
   * `compile`: `torch.compile` of each decoder layer's forward (regional compilation: the layers
     share one compiled graph per shape class, and gradient checkpointing, which wraps the layer's
@@ -36,6 +40,8 @@ Both fused paths give the eager values up to float rounding (tests/test_kernels.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -157,8 +163,8 @@ def _apply_liger(model: Any, *, generates: bool) -> None:
     if arch.__name__ in _GENERATING_ARCHS:  # also after a later model's patch put liger's function back
         for (module_name, name), eager in _EAGER_GLOBALS.items():
             current = getattr(arch, name)
-            if module_name == arch.__name__ and not getattr(current, "_tea_grad_only", False):
-                setattr(arch, name, _with_grad(current, eager))
+            if module_name == arch.__name__ and not getattr(current, "_tea_outside_generation", False):
+                setattr(arch, name, _outside_generation(current, eager))
 
 
 def _in_train_mode(module: Any, fused: Any, eager: Any) -> Any:
@@ -170,16 +176,32 @@ def _in_train_mode(module: Any, fused: Any, eager: Any) -> Any:
     return forward
 
 
-def _with_grad(fused: Any, eager: Any) -> Any:
-    import functools
+_GENERATING = 0  # > 0 while an engine generates with a patched model (see `generating`)
 
-    import torch
+
+@contextlib.contextmanager
+def generating() -> Iterator[None]:
+    """While an engine generates: the architecture functions liger swapped (the rotary embedding) run
+    eagerly, as its instance forwards do in eval mode. Everything else (the training forward, the
+    reference model's and the sync check's no-grad scoring) runs liger's, so the reference computes
+    exactly what the policy's training forward computes before the first update."""
+    global _GENERATING
+    _GENERATING += 1
+    try:
+        yield
+    finally:
+        _GENERATING -= 1
+
+
+def _outside_generation(fused: Any, eager: Any) -> Any:
+    """A function that runs `fused`, and `eager` while an engine generates (`generating`)."""
+    import functools
 
     @functools.wraps(eager)
     def function(*args: Any, **kwargs: Any) -> Any:
-        return (fused if torch.is_grad_enabled() else eager)(*args, **kwargs)
+        return (eager if _GENERATING else fused)(*args, **kwargs)
 
-    function._tea_grad_only = True  # type: ignore[attr-defined]
+    function._tea_outside_generation = True  # type: ignore[attr-defined]
     return function
 
 

@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"config", "logprobs"},  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
     "lora": {"config"},
     "rewards": {"config", "types", "models"},
-    "rollout": {"config", "types", "models", "logprobs", "lora"},
+    "rollout": {"config", "types", "models", "logprobs", "kernels", "lora"},  # kernels: the hf engine keeps liger out of generation
     "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics"},
     "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir"},
     "report": {"eval", "rundir", "diagnostics"},

@@ -138,7 +138,9 @@ def test_liger_patch_stays_out_of_generation(monkeypatch):
     binds new forwards on the RMSNorm and MLP instances and swaps the architecture module's rotary
     function, each counting its calls. The policy's training forward goes through them; the hf engine's
     generation does not (on a GPU it ran 3.3x slower through them) and samples what the eager model
-    samples, also after the reference model's patch has put the rotary function back."""
+    samples, also after the reference model's patch has put the rotary function back. The reference
+    model's no-grad pass goes through all three, as the policy's training forward does (on an H100 the
+    eager rotary there left a KL of -0.002 a sequence before the first update)."""
     import torch
     import transformers.models.llama.modeling_llama as llama
     from tiny_lm import make_causal_lm, make_tokenizer
@@ -180,8 +182,10 @@ def test_liger_patch_stays_out_of_generation(monkeypatch):
     ids, mask, _ = _batch(0, 2, 9)
     policy(input_ids=ids, attention_mask=mask).logits.sum().backward()  # the training forward: liger throughout
     assert min(calls.values()) > 0, calls
+    before = dict(calls)
     with torch.no_grad():
-        reference(input_ids=ids, attention_mask=mask)  # the reference keeps liger's instance forwards
+        reference(input_ids=ids, attention_mask=mask)  # the reference's no-grad pass: the training forward's kernels
+    assert all(calls[k] > before[k] for k in calls), (before, calls)  # rotary too: else the KL at step 1 is not 0
     trained = dict(calls)
     assert calls["norm"] > 0 and calls["mlp"] > 0
     got = HFEngine(policy, tok, batch_size=4, compile=False).generate(prompts, 2, sampling, seed=3)

@@ -36,6 +36,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from teacli.kernels import generating
 from teacli.logprobs import base_model, cache_rows, new_cache, positions
 from teacli.models import attention_implementation
 from teacli.rollout.base import cut_at_eos
@@ -105,7 +106,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), _blank_generation_config(module), attention_implementation(module, None if self.attention == "model" else self.attention), _seeded(seed, device):
+            with torch.no_grad(), generating(), _blank_generation_config(module), attention_implementation(module, None if self.attention == "model" else self.attention), _seeded(seed, device):
                 for start in range(0, len(flat), self.batch_size):
                     batch = flat[start : start + self.batch_size]
                     outputs.extend(self._generate_batch(batch, config, processors, device, module, static))
