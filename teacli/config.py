@@ -246,7 +246,8 @@ class RolloutConfig:
         None,
         "vllm on CUDA: the KV cache in GiB (vLLM's kv_cache_memory_bytes), instead of what gpu_memory_utilization "
         "leaves after the weights and activations (null); checked against the free memory at start-up. 'auto' = what "
-        "one generation call's sequences can hold at once (tea train: a rank's prompts x group_size, each "
+        "one generation call's sequences can hold at once (tea train: the larger of a rank's prompts x group_size and "
+        "validation.prompts x validation.samples, each "
         "data.max_prompt_tokens + rollout.max_new_tokens long, plus 25%), where that is at most half the engine's "
         "share; a smaller cache wakes faster after sleep (docs/vllm.md).",
         gt=0.0,

@@ -249,7 +249,7 @@ def _setup(recipe: "Recipe", world, is_level: str):
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
         sampler_logprobs=is_level != "off",  # every sampled token's log-prob only where the correction reads them
-        max_sequences=local_seqs,  # a step's generation call (rollout.kv_cache_gib: auto)
+        max_sequences=max(local_seqs, validation_sequences(recipe, val_prompts)),  # one call's most (rollout.kv_cache_gib: auto)
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
     return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing
 
@@ -397,6 +397,11 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
 
 # ------------------------------------------------------------------------------------------------
 # Validation and checkpoints
+
+
+def validation_sequences(recipe, val_prompts) -> int:
+    """Sequences of one validation call on a rank (every rank validates every validation prompt in one call)."""
+    return len(val_prompts) * recipe.validation.samples if recipe.validation.enabled and val_prompts else 0
 
 
 def validate(rollout, reward, val_prompts, recipe, seed: int) -> dict[str, Any]:

@@ -61,3 +61,57 @@ def test_every_sleep_is_followed_by_a_push_before_the_next_generation(tmp_path):
         if name == "sleep":
             following = [c for c in seq[i + 1 :] if c in ("load_weights", "wake", "generate")]
             assert following[:1] in (["load_weights"], []), (i, seq)
+
+
+SIZES = r"""
+import json, sys
+import teacli.rollout.factory as factory
+
+real = factory.build_engine
+log = open(sys.argv[1], "w")
+
+class Sizes:
+    def __init__(self, engine):
+        self.engine = engine
+    def __getattr__(self, name):
+        attr = getattr(self.engine, name)
+        if name == "generate":
+            def call(prompts, n, *args, **kwargs):
+                log.write(json.dumps({"generate": len(prompts) * n}) + "\n"); log.flush()
+                return attr(prompts, n, *args, **kwargs)
+            return call
+        return attr
+
+def build(*args, **kwargs):
+    log.write(json.dumps({"max_sequences": kwargs.get("max_sequences")}) + "\n"); log.flush()
+    return Sizes(real(*args, **kwargs))
+
+factory.build_engine = build
+sys.argv = ["tea", *sys.argv[2:]]
+from teacli.cli import main
+main()
+"""
+
+
+def test_the_engine_is_told_the_largest_generation_call_validation_included(tmp_path):
+    """`rollout.kv_cache_gib: auto` sizes vLLM's KV cache to `max_sequences`, the most sequences one
+    generate call asks for. Validation asks for validation.prompts x validation.samples in one call
+    (here 4 x 8 = 32) where a step asks for prompts_per_step x group_size (2 x 8 = 16): the engine
+    must be told 32, or validation outgrows the cache (it was told the step's 16)."""
+    sys.path.insert(0, str(TESTS))
+    from tiny_lm import make_assets, tea_env, tiny_recipe, write_recipe
+
+    assets = make_assets(tmp_path / "assets")
+    rec = write_recipe(tmp_path / "r.yaml", tiny_recipe(assets / "policy", assets / "data", optim__steps=1, checkpoint__save_every=1,
+                                                        validation__samples=8))
+    log = tmp_path / "sizes.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-c", SIZES, str(log), "train", str(rec), "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, env=tea_env(tmp_path), timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    told = [r["max_sequences"] for r in rows if "max_sequences" in r]
+    calls = [r["generate"] for r in rows if "generate" in r]
+    assert told == [4 * 8] and sorted(set(calls)) == [2 * 8, 4 * 8], rows  # one step's call and the validations'
+    assert max(calls) <= told[0]
