@@ -363,6 +363,28 @@ def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol(s
     assert r == rule  # the judge study is the rule study with another reward
 
 
+@pytest.mark.parametrize("study,twin", [("gpu_bon150_rule", "gpu_bon_rule"), ("gpu_bon150_judge", "gpu_bon_judge")])
+def test_the_150_step_gpu_studies_differ_from_the_75_step_ones_in_the_steps_only(study, twin):
+    """recipes/studies/gpu_bon150_{rule,judge}.yaml: the same study (methods, seeds, base arm, evaluation,
+    report) whose recipes are the 75-step ones with optim.steps 150 and nothing else changed."""
+    from teacli.config import load_recipe
+
+    long, short = load_study(find_study(study)), load_study(find_study(twin))
+    assert long.runs == [r.replace("gpu_bon_", "gpu_bon150_") for r in short.runs]
+    assert (long.baseline, long.base) == (short.baseline.replace("gpu_bon_", "gpu_bon150_"), short.base.replace("gpu_bon_", "gpu_bon150_"))
+    same = ("seeds", "split", "n", "checkpoint", "bootstrap", "seed", "endpoints", "runs_dir")
+    assert [getattr(long, k) for k in same] == [getattr(short, k) for k in same]
+    for lp, sp in zip(long.recipes, short.recipes):
+        a, b = load_recipe(lp).to_dict(), load_recipe(sp).to_dict()
+        assert (a["optim"].pop("steps"), b["optim"].pop("steps")) == (150, 75)
+        for r in (a, b):
+            r.pop("name"), r.pop("description")
+        assert a == b
+    res = CliRunner().invoke(app, ["study", study, "--dry-run", "--gpus", "0,1", "--per-gpu", "2", "--seeds", "0"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("run   train ") == 3 and "no report: --seeds 0 is part of the study" in res.output
+
+
 def test_gpu_study_evaluates_at_least_128_heldout_prompts(tmp_path):
     from teacli.data.prepare import prepare
 
