@@ -22,6 +22,9 @@ import teacli.rollout.factory as factory
 real = factory.build_engine
 log = open(sys.argv[1], "w")
 
+def write(row):
+    log.write(json.dumps(row) + "\n"); log.flush()
+
 class Recorder:
     def __init__(self, engine):
         self.engine = engine
@@ -29,12 +32,16 @@ class Recorder:
         attr = getattr(self.engine, name)
         if name in ("generate", "load_weights", "sleep", "wake"):
             def call(*args, **kwargs):
-                log.write(name + "\n"); log.flush()
+                write({"call": name, **({"sequences": len(args[0]) * args[1]} if name == "generate" else {})})
                 return attr(*args, **kwargs)
             return call
         return attr
 
-factory.build_engine = lambda *a, **k: Recorder(real(*a, **k))
+def build(*args, **kwargs):
+    write({"call": "build", "max_sequences": kwargs.get("max_sequences")})
+    return Recorder(real(*args, **kwargs))
+
+factory.build_engine = build
 sys.argv = ["tea", *sys.argv[2:]]
 from teacli.cli import main
 main()
@@ -53,7 +60,7 @@ def test_every_sleep_is_followed_by_a_push_before_the_next_generation(tmp_path):
         capture_output=True, text=True, env=tea_env(tmp_path), timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seq = calls.read_text().split()
+    seq = [row["call"] for row in map(json.loads, calls.read_text().splitlines()) if row["call"] != "build"]
     validations = [json.loads(line)["step"] for line in (tmp_path / "run" / "validation.jsonl").read_text().splitlines()]
     assert validations == [0, 1, 2, 3]  # validation at start and after every step: the case that broke
     assert seq.count("sleep") == 3 and seq[0] == "load_weights"
@@ -62,35 +69,6 @@ def test_every_sleep_is_followed_by_a_push_before_the_next_generation(tmp_path):
             following = [c for c in seq[i + 1 :] if c in ("load_weights", "wake", "generate")]
             assert following[:1] in (["load_weights"], []), (i, seq)
 
-
-SIZES = r"""
-import json, sys
-import teacli.rollout.factory as factory
-
-real = factory.build_engine
-log = open(sys.argv[1], "w")
-
-class Sizes:
-    def __init__(self, engine):
-        self.engine = engine
-    def __getattr__(self, name):
-        attr = getattr(self.engine, name)
-        if name == "generate":
-            def call(prompts, n, *args, **kwargs):
-                log.write(json.dumps({"generate": len(prompts) * n}) + "\n"); log.flush()
-                return attr(prompts, n, *args, **kwargs)
-            return call
-        return attr
-
-def build(*args, **kwargs):
-    log.write(json.dumps({"max_sequences": kwargs.get("max_sequences")}) + "\n"); log.flush()
-    return Sizes(real(*args, **kwargs))
-
-factory.build_engine = build
-sys.argv = ["tea", *sys.argv[2:]]
-from teacli.cli import main
-main()
-"""
 
 
 def test_the_engine_is_told_the_largest_generation_call_validation_included(tmp_path):
@@ -106,12 +84,12 @@ def test_the_engine_is_told_the_largest_generation_call_validation_included(tmp_
                                                         validation__samples=8))
     log = tmp_path / "sizes.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-c", SIZES, str(log), "train", str(rec), "--run-dir", str(tmp_path / "run")],
+        [sys.executable, "-c", RECORDER, str(log), "train", str(rec), "--run-dir", str(tmp_path / "run")],
         capture_output=True, text=True, env=tea_env(tmp_path), timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    told = [r["max_sequences"] for r in rows if "max_sequences" in r]
-    calls = [r["generate"] for r in rows if "generate" in r]
+    told = [r["max_sequences"] for r in rows if r["call"] == "build"]
+    calls = [r["sequences"] for r in rows if r["call"] == "generate"]
     assert told == [4 * 8] and sorted(set(calls)) == [2 * 8, 4 * 8], rows  # one step's call and the validations'
     assert max(calls) <= told[0]
