@@ -148,6 +148,7 @@ def run_tea(args, device) -> dict:
     recipe.kl.beta, recipe.kl.estimator = args.beta, "grpo_k3"  # TRL's per-token k3, so both sides compute the same loss
     recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = args.prompt_len, args.new_tokens
     recipe.policy.gradient_checkpointing = args.tea_grad_ckpt
+    recipe.optim.share_prompts = args.tea_share_prompts == "on"
     seqs = args.prompts * args.group_size
     grad_accum = -(-seqs // args.tea_micro_batch)
 
@@ -366,6 +367,9 @@ def main() -> None:
     p.add_argument("--tea-micro-batch", type=int, default=64)
     p.add_argument("--tea-grad-ckpt", type=grad_ckpt_setting, default="auto",
                    help="tea: policy.gradient_checkpointing: auto, true, false or a number of layers k (the first k)")
+    p.add_argument("--tea-share-prompts", choices=["on", "off"], default="on",
+                   help="tea: optim.share_prompts (on: a micro-batch runs each distinct prompt once, on a KV cache its completions "
+                        "share; needs no checkpointed layer). MFU counts the tokens the forward ran, so sharing lowers it at equal time")
     p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="eager",
                    help="tea: policy.kernels (default eager, the recipe default and the tables before issue 21; auto: liger where installed on CUDA)")
     p.add_argument("--trl-micro-batch", type=int, default=16)

@@ -1,0 +1,29 @@
+"""benchmarks/vs_trl.py's tea side on CPU (--small): the recipe settings its flags set reach the trainer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tiny_lm import tea_env  # noqa: E402
+
+
+@pytest.mark.parametrize("flag, shared", [("on", True), ("off", False)])
+def test_share_prompts_flag_reaches_the_trainer(tmp_path, flag, shared):
+    """--tea-share-prompts: optim.share_prompts for tea's side (the MFU of backward + step counts the tokens the
+    forward ran, so whether prompts were shared must be what the settings line and the JSON say)."""
+    out = tmp_path / "vs_trl.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--small", "--only", "tea", "--steps", "1",
+                           "--tea-share-prompts", flag, "--json", str(out)],
+                          capture_output=True, text=True, env=tea_env(tmp_path), timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["args"]["tea_share_prompts"] == flag and result["results"]["tea"]["settings"]["share_prompts"] is shared
+    assert f"share_prompts={shared}" in proc.stdout
