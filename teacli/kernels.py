@@ -19,8 +19,9 @@ policy (and the reference model where one is built) after loading and before LoR
     train-mode switch) computes with the same kernels as the policy's training forward: before the
     first update their log-probs, and the KL, agree exactly. (Before, the rotary function ran
     fused only with gradients on, so the reference's no-grad pass used the eager one and the KL at
-    step 1 was bf16 rounding, -0.002 a sequence on an H100, instead of 0.) Measured on an H200 (docs/performance.md): with liger inside the engine's compiled,
-    static-cache generation, that generation took 3.3x as long (4.42 s against 1.33 s a step).
+    step 1 was bf16 rounding, -0.002 a sequence on an H100, instead of 0.) Measured on an H200
+    (docs/performance.md): with liger inside the engine's compiled, static-cache generation, that
+    generation took 3.3x as long (4.42 s against 1.33 s a step).
   * `compile`: `torch.compile` of each decoder layer's forward (regional compilation: the layers
     share one compiled graph per shape class, and gradient checkpointing, which wraps the layer's
     call, and LoRA, whose adapters live inside the layer, keep working). The policy's layers run
