@@ -35,7 +35,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scaling import SMALL_ARGS, first_error_line, run_one  # noqa: E402  (the same launch and failure handling)
+from rollout_engines import prompt_counts  # noqa: E402  (a comma list of positive counts)
+from scaling import SMALL_ARGS, add_run_options, first_error_line, passthrough_clash, run_one, split_passthrough  # noqa: E402  (the same launch and failure handling)
 
 from teacli.rundir import write_text_atomic  # noqa: E402
 
@@ -49,16 +50,6 @@ def settings_arg(text: str) -> list[str]:
     bad = [v for v in values if not (v.isdigit() or v in ("true", "false", "auto"))]
     if not values or bad:
         raise argparse.ArgumentTypeError(f"{text!r}: each setting is a number of layers, true, false or auto (bad: {', '.join(bad) or 'none given'})")
-    return values
-
-
-def micro_batches_arg(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of micro-batch sizes") from None
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every micro-batch size must be at least 1")
     return values
 
 
@@ -112,22 +103,16 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1 :]
+    argv, extra = split_passthrough(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--settings", type=settings_arg, default=settings_arg("0,2,4,6,auto"),
                    help="policy.gradient_checkpointing values, comma-separated (default 0,2,4,6,auto)")
-    p.add_argument("--micro-batches", type=micro_batches_arg, default=[64], help="comma-separated (default 64)")
+    p.add_argument("--micro-batches", type=prompt_counts, default=[64], help="comma-separated (default 64)")
     p.add_argument("--small", action="store_true", help="train_step.py's tiny model and workload (CPU smoke run)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds one setting may run (default 900)")
-    p.add_argument("--logs", default=None, help="folder for the settings' logs (default: a new temporary folder)")
-    p.add_argument("--json", default=None, help="write every setting's train_step JSON and the table's values here")
+    add_run_options(p, "setting", "settings", "every setting's train_step JSON")
     args = p.parse_args(argv)
-    clash = [a for a in extra if a.split("=")[0] in SET_HERE]
-    if clash:
-        print(f"error: {clash[0]} after --: grad_ckpt.py sets {', '.join(SET_HERE)} itself", file=sys.stderr)
+    if clash := passthrough_clash(extra, SET_HERE, f"grad_ckpt.py sets {', '.join(SET_HERE)} itself"):
+        print(clash, file=sys.stderr)
         return 2
     small = list(SMALL_ARGS) if args.small else []
     if "--micro-batch" in small:  # set here, per row

@@ -164,25 +164,40 @@ def run_one(cmd: list[str], log: Path, timeout: float) -> tuple[int | None, floa
     return rc, time.perf_counter() - t0
 
 
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(this script's arguments, the ones after `--` for train_step.py)."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]
+
+
+def add_run_options(p: argparse.ArgumentParser, what: str, plural: str, results: str) -> None:
+    """--timeout, --logs and --json of a script that runs train_step.py once per `what` (launch, setting)."""
+    p.add_argument("--timeout", type=float, default=900, help=f"seconds one {what} may run before it is ended and reported (default 900)")
+    p.add_argument("--logs", default=None, help=f"folder for the {plural}' logs (default: a new temporary folder); failed {plural}' logs are kept")
+    p.add_argument("--json", default=None, help=f"write {results} and the table's values here")
+
+
+def passthrough_clash(extra: list[str], set_here: tuple[str, ...], why: str) -> str | None:
+    """The error line for an argument after `--` that the script sets itself, or None."""
+    clash = [a for a in extra if a.split("=")[0] in set_here]
+    return f"error: {clash[0]} after --: {why}" if clash else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_passthrough(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 epilog="Arguments after -- go to benchmarks/train_step.py, e.g. -- --zero 2 --micro-batch 64 --grad-ckpt auto")
     p.add_argument("--gpus", type=gpu_counts, default=[1, 2, 4], help="process counts to run, comma-separated (default 1,2,4)")
     p.add_argument("--prompts-per-gpu", type=int, default=None, help="prompts a process per step (default 4, the issue's workload on one GPU; 1 with --small)")
     p.add_argument("--launcher", choices=["torchrun", "deepspeed"], default="torchrun")
     p.add_argument("--small", action="store_true", help="train_step.py's tiny model and a tiny workload (CPU smoke run, gloo)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds one launch may run before it is ended and reported (default 900)")
-    p.add_argument("--logs", default=None, help="folder for the launches' logs (default: a new temporary folder); failed launches' logs are kept")
-    p.add_argument("--json", default=None, help="write every N's results and the table's values here")
+    add_run_options(p, "launch", "launches", "every N's results")
     args = p.parse_args(argv)
-    clash = [a for a in extra if a.split("=")[0] in SET_HERE]
-    if clash:
-        print(f"error: {clash[0]} after --: scaling.py sets --prompts (from --prompts-per-gpu x N) and --json itself", file=sys.stderr)
+    if clash := passthrough_clash(extra, SET_HERE, "scaling.py sets --prompts (from --prompts-per-gpu x N) and --json itself"):
+        print(clash, file=sys.stderr)
         return 2
     per_gpu = args.prompts_per_gpu if args.prompts_per_gpu is not None else 1 if args.small else 4
     if per_gpu < 1:

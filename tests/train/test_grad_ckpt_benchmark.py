@@ -40,7 +40,7 @@ def test_the_verdict_is_the_fastest_setting_that_ran(bench):
 
 def test_bad_arguments_are_one_line_errors(bench, capsys):
     for args, message in ((["--settings", "0,x"], "each setting is a number of layers, true, false or auto (bad: x)"),
-                          (["--micro-batches", "64,0"], "every micro-batch size must be at least 1")):
+                          (["--micro-batches", "64,0"], "every count must be at least 1")):
         with pytest.raises(SystemExit) as exc:
             bench.main(args)
         assert exc.value.code == 2 and message in capsys.readouterr().err
