@@ -174,7 +174,7 @@ def run_tea(args, device) -> dict:
         is_level = args.tea_is_correction
         rollout = VLLMEngine(recipe.rollout, engine.module, tokenizer, seed=0, max_model_len=args.prompt_len + args.new_tokens,
                              trainer_bytes=trainer_bytes, sampler_logprobs=is_level != "off",
-                             max_sequences=args.prompts * args.group_size)
+                             max_sequences=seqs)
         compiled, static = "vllm", "vllm"
     else:
         rollout = HFEngine(engine.module, tokenizer, batch_size=args.gen_batch)
