@@ -109,8 +109,9 @@ class PolicyConfig:
         "liger-kernel's RMSNorm, SwiGLU and rotary kernels for the architecture (CUDA, pip install 'teacli[liger]'); "
         "compile = torch.compile of each decoder layer (train mode only: generation keeps the eager layers; not with "
         "backend.zero_stage 3); eager = the transformers modules as they are; auto = liger where it is installed, the "
-        "device is CUDA and liger supports the architecture, else eager (always eager on CPU). Default eager until "
-        "tests/gpu/test_gpu_kernels.py has run again after liger was kept out of generation (docs/performance.md).",
+        "device is CUDA and liger supports the architecture, else eager (always eager on CPU). Default eager: "
+        "tests/gpu/test_gpu_kernels.py passed on an H100 after liger was kept out of generation, but liger under ZeRO-3 "
+        "and with LoRA (the test added after that) has not run on a GPU yet (docs/performance.md).",
     )
     chat_template: str | None = field(None, "Jinja chat template overriding the tokenizer's (needed when the tokenizer has none).")
     trust_remote_code: bool = field(False, "Allow custom modelling code from the hub.")

@@ -134,6 +134,47 @@ def test_gpu_report_recomputes_from_the_committed_records(reward, prefix, tmp_pa
     assert capsys.readouterr().out == (gpu / f"spread_{reward}.md").read_text()
 
 
+@pytest.mark.parametrize("reward, prefix, base", [("rule", "gpu_bon150", "gpu_bon"), ("judge", "gpu_bon150_judge", "gpu_bon_judge")])
+def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefix, base, tmp_path, monkeypatch, capsys):
+    """The 150-step study runs a seed a session (recipes/studies/gpu_bon150_*.yaml): docs/results/gpu/report150_<reward>
+    is what `tea report` computes from the seeds committed so far (every method of the seed collected; the base
+    arm is the 75-step study's, whose untrained evaluation does not depend on optim.steps), and
+    training150_<reward>.md and spread150_<reward>.md are what study_summary.py --steps 150 prints."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    gpu = DOCS / "results" / "gpu"
+    seeds = sorted(int(p.name.rsplit("-s", 1)[1]) for p in gpu.glob(f"runs/{prefix}_tea-s*"))
+    assert seeds, f"no {prefix}_tea-s<seed> under docs/results/gpu/runs"
+    runs = [f"runs/{prefix}_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in seeds]
+    assert all((gpu / run).is_dir() for run in runs), "a seed is committed for some methods only"
+    _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["report", *runs, "--baseline", f"{prefix}_grpo", "--base-arm", f"runs/{base}_grpo-base",
+                                   "--bootstrap", "1000", "--seed", "0", "--split", "heldout_ext", "--n", "256",
+                                   "--checkpoint", "selected", "--endpoints", "64,128,256", "--out", "out/r"])
+    assert res.exit_code == 0, res.output
+    committed = sorted(p for p in (gpu / f"report150_{reward}").iterdir() if p.suffix in (".md", ".csv"))
+    assert len(committed) >= 17
+    for path in committed:
+        assert (tmp_path / "out" / "r" / path.name).read_text() == path.read_text(), f"{path} differs from a recomputation"
+    summary = _load("study_summary", gpu / "study_summary.py")
+    capsys.readouterr()
+    summary.main(reward, 150)
+    assert capsys.readouterr().out == (gpu / f"training150_{reward}.md").read_text()
+    summary.spread(reward, 150)
+    assert capsys.readouterr().out == (gpu / f"spread150_{reward}.md").read_text()
+
+
+def test_judge_picks_cross_score_recomputes(capsys):
+    """docs/results/gpu/cross_score_judge.md (the LM-judge runs' best-of-256 picks under the rule reward) is what
+    cross_score.py prints from the committed picks."""
+    gpu = DOCS / "results" / "gpu"
+    _load("cross_score", gpu / "cross_score.py").main()
+    assert capsys.readouterr().out == (gpu / "cross_score_judge.md").read_text()
+
+
 def test_embedded_report_recomputes_from_the_committed_records(tmp_path, monkeypatch):
     """The embedded study's report (docs/results/report: two-level intervals), its tail fits (tail_fit/,
     tail_fit_base/), training_summary.md and seed_spread.md are what `tea report` (as the study's report

@@ -1,9 +1,11 @@
-"""The GPU study's training as tables, from its committed files (docs/results/gpu/runs/, study_<reward>.log):
-per run, the validation score at each validation step (* = the selected checkpoint), the pre-clip gradient
+"""The GPU study's training as tables, from its committed files (docs/results/gpu/runs/ and the studies'
+logs, study_<reward>.log for the 75-step study, study150_<reward>_s<seed>.log for the 150-step one, run a
+seed at a time): per run, the validation score at each validation step (* = the selected checkpoint), the pre-clip gradient
 norm (median, max) against the clip, the share of steps the clip bound, the KL to the reference at the last
 step, the median step time and its generation share, and the wall time of training and evaluation.
 
     python docs/results/gpu/study_summary.py rule > docs/results/gpu/training_rule.md
+    python docs/results/gpu/study_summary.py rule --steps 150 > docs/results/gpu/training150_rule.md
 
 `spread` prints, per run (the untrained arm first), the shape of its held-out rewards: their mean, the
 mean over prompts of the within-prompt standard deviation of the M rewards (TEA's objective trades
@@ -11,7 +13,10 @@ the mean for the spread that best-of-N rewards), the pooled 99th percentile, the
 length and the share of completions cut at max_new_tokens.
 
     python docs/results/gpu/study_summary.py judge spread > docs/results/gpu/spread_judge.md
+    python docs/results/gpu/study_summary.py judge spread --steps 150 > docs/results/gpu/spread150_judge.md
 """
+
+import argparse
 
 import gzip
 import json
@@ -27,43 +32,50 @@ HERE = Path(__file__).resolve().parent
 METHODS = ("grpo", "grpo_z", "tea")
 
 
-def walls(reward: str) -> dict[tuple[str, str], str]:
-    """(stage, run) -> wall time as the study printed it, from its `done` lines."""
+def walls(reward: str, steps: int) -> dict[tuple[str, str], str]:
+    """(stage, run) -> wall time as the study printed it, from the `done` lines of its logs."""
     out = {}
-    for line in (HERE / f"study_{reward}.log").read_text().splitlines():
-        m = re.match(r"\[study \S+\] done  (train|eval-bon) (\S+) in (\S+)$", line)
-        if m:
-            out[(m.group(1), m.group(2))] = m.group(3)
+    logs = [HERE / f"study_{reward}.log"] if steps == 75 else sorted(HERE.glob(f"study{steps}_{reward}_s*.log"))
+    for log in logs:
+        for line in log.read_text().splitlines():
+            m = re.match(r"\[study \S+\] done  (train|eval-bon) (\S+) in (\S+)$", line)
+            if m:
+                out[(m.group(1), m.group(2))] = m.group(3)
     return out
 
 
-def run_prefix(reward: str) -> str:
-    """The study's run-name prefix: gpu_bon (rule reward) or gpu_bon_<reward>."""
-    return "gpu_bon" if reward == "rule" else f"gpu_bon_{reward}"
+def run_prefix(reward: str, steps: int = 75) -> str:
+    """The study's run-name prefix: gpu_bon (rule reward, 75 steps), gpu_bon_<reward>, gpu_bon150, gpu_bon150_<reward>."""
+    base = "gpu_bon" if steps == 75 else f"gpu_bon{steps}"
+    return base if reward == "rule" else f"{base}_{reward}"
 
 
-def main(reward: str) -> None:
-    prefix = run_prefix(reward)
-    wall = walls(reward)
-    print("| run | validation at 0 / 25 / 50 / 75 (* selected) | grad norm median (max) | clip | steps clipped | KL at the end | step (s) | generation (s) | train wall | eval wall |")
+def main(reward: str, steps: int = 75) -> None:
+    prefix = run_prefix(reward, steps)
+    wall = walls(reward, steps)
+    runs = [run for method in METHODS for run in sorted(HERE.glob(f"runs/{prefix}_{method}-s*"))]
+    if not runs:
+        sys.exit(f"study_summary.py: no run {prefix}_<method>-s<seed> under {HERE / 'runs'}")
+    at = sorted({json.loads(line)["step"] for run in runs for line in (run / "validation.jsonl").read_text().splitlines() if line.strip()})
+    print(f"| run | validation at {' / '.join(map(str, at))} (* selected) | grad norm median (max) | clip | steps clipped | KL at the end | step (s) | generation (s) | train wall | eval wall |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for method in METHODS:
-        for run in sorted(HERE.glob(f"runs/{prefix}_{method}-s*")):
-            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines() if line.strip()]
-            chosen = json.loads((run / "selected.json").read_text())["step"]
-            clip = yaml.safe_load((run / "recipe.yaml").read_text())["optim"]["max_grad_norm"]
-            norms = [r["grad_norm"] for r in rows]
-            scores = " / ".join(f"{v['score']:.3f}" + ("*" if v["step"] == chosen else "") for v in val)
-            print(f"| {run.name} | {scores} | {statistics.median(norms):.1f} ({max(norms):.1f}) | {clip:g} | "
-                  f"{sum(n > clip for n in norms) / len(norms):.0%} | {rows[-1]['kl']:.2f} | "
-                  f"{statistics.median(r['time_step'] for r in rows):.1f} | {statistics.median(r['time_generate'] for r in rows):.1f} | "
-                  f"{wall.get(('train', run.name), '–')} | {wall.get(('eval-bon', run.name), '–')} |")
+    for run in runs:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines() if line.strip()]
+        chosen = json.loads((run / "selected.json").read_text())["step"]
+        clip = yaml.safe_load((run / "recipe.yaml").read_text())["optim"]["max_grad_norm"]
+        norms = [r["grad_norm"] for r in rows]
+        scores = " / ".join(f"{v['score']:.3f}" + ("*" if v["step"] == chosen else "") for v in val)
+        print(f"| {run.name} | {scores} | {statistics.median(norms):.1f} ({max(norms):.1f}) | {clip:g} | "
+              f"{sum(n > clip for n in norms) / len(norms):.0%} | {rows[-1]['kl']:.2f} | "
+              f"{statistics.median(r['time_step'] for r in rows):.1f} | {statistics.median(r['time_generate'] for r in rows):.1f} | "
+              f"{wall.get(('train', run.name), '–')} | {wall.get(('eval-bon', run.name), '–')} |")
 
 
-def spread(reward: str) -> None:
-    prefix = run_prefix(reward)
-    runs = sorted(HERE.glob(f"runs/{prefix}_grpo-base")) + [r for m in METHODS for r in sorted(HERE.glob(f"runs/{prefix}_{m}-s*"))]
+def spread(reward: str, steps: int = 75) -> None:
+    prefix = run_prefix(reward, steps)
+    # the untrained arm is the 75-step study's for both: its evaluation does not depend on optim.steps
+    runs = sorted(HERE.glob(f"runs/{run_prefix(reward)}_grpo-base")) + [r for m in METHODS for r in sorted(HERE.glob(f"runs/{prefix}_{m}-s*"))]
     print("| run | held-out mean | within-prompt std (mean over prompts) | pooled q99 | mean tokens | cut at max_new_tokens |")
     print("|---|---:|---:|---:|---:|---:|")
     for run in runs:
@@ -80,5 +92,9 @@ def spread(reward: str) -> None:
 
 
 if __name__ == "__main__":
-    reward = sys.argv[1] if len(sys.argv) > 1 else "rule"
-    spread(reward) if sys.argv[2:] == ["spread"] else main(reward)
+    parser = argparse.ArgumentParser(description="the GPU study's training tables")
+    parser.add_argument("reward", nargs="?", default="rule", choices=["rule", "judge"])
+    parser.add_argument("table", nargs="?", default="training", choices=["training", "spread"])
+    parser.add_argument("--steps", type=int, default=75, choices=[75, 150], help="which study: 75 or 150 training steps")
+    args = parser.parse_args()
+    (spread if args.table == "spread" else main)(args.reward, args.steps)

@@ -1,0 +1,52 @@
+"""The LM-judge runs' best-of-256 picks scored by the rule reward: what best-of-256 under the judge would
+deploy (the highest-judged of a prompt's 256 samples, kept with its text by collect.py as
+`<split>-M256.best.json.gz`) checked by a reward that does not share the judge's weaknesses. The built-in
+held-out prompts carry the rule reward's constraints, so every pick can be scored by both.
+
+Per run: the judge's mean score of its picks (= its bo256), the rule reward's mean score of the same picks,
+its difference from the same seed's GRPO run's picks (paired
+prompt bootstrap, teacli.eval.stats, 1,000 resamples, seed 0), the share of picks that contain a line starting "system" (a new chat turn written by the policy: SmolLM2
+emits `<|im_start|>`, which decoding drops, then "system" and an instruction), and the picks' mean length.
+
+    python docs/results/gpu/cross_score.py > docs/results/gpu/cross_score_judge.md
+"""
+
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))
+
+from teacli.data.load import load_split  # noqa: E402
+from teacli.eval.stats import paired_bootstrap  # noqa: E402
+from teacli.rewards.rule import RuleReward  # noqa: E402
+
+TURN = re.compile(r"(^|\n)[^\n]{0,40}system\n", re.IGNORECASE)
+
+
+def main() -> None:
+    prompts = {p.id: p for p in load_split("builtin", "heldout_ext")}
+    rule = RuleReward()
+    runs = {}
+    for best in sorted(HERE.glob("runs/*judge*/eval/heldout_ext-M256.best.json.gz")):
+        picks = sorted(json.loads(gzip.open(best, "rt").read()), key=lambda p: p["prompt_id"])
+        ruled = np.array([rule.score_one(prompts[p["prompt_id"]], p["response"]) for p in picks])
+        runs[best.parents[1].name] = (picks, ruled)
+    print("| run (LM-judge reward) | picks | judge score of the picks (bo256) | rule score of the picks | − GRPO's (same seed) | picks with a \"system\" turn | mean tokens |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, (picks, ruled) in runs.items():
+        grpo = runs.get(re.sub(r"_(grpo_z|tea)-s", "_grpo-s", name))
+        delta = "" if grpo is None or grpo[1] is ruled else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*paired_bootstrap(ruled, grpo[1], 1000, 0))
+        judged = np.mean([p["reward"] for p in picks])
+        turns = np.mean([bool(TURN.search(p["response"])) for p in picks])
+        tokens = np.mean([p["tokens"] for p in picks])
+        print(f"| {name} | {len(picks)} | {judged:.3f} | {ruled.mean():.3f} | {delta} | {turns:.0%} | {tokens:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
