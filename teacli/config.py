@@ -212,6 +212,13 @@ class RolloutConfig:
     prompts_per_step: int = field(8, "P: prompts sampled per training step.", ge=1)
     group_size: int = field(64, "m: rollouts per prompt (the advantage rule's group).", ge=2)
     max_new_tokens: int = field(512, "Maximum generated tokens per rollout (stop at EOS).", ge=1)
+    stop_tokens: list[str] = field(
+        [],
+        "Tokens that end a completion as the tokenizer's EOS does (kept as its last token, the completion counted "
+        "finished), each one token of the policy's vocabulary, e.g. ['<|im_start|>'] for a ChatML policy, so that it "
+        "cannot write a new chat turn after its answer (docs/judge.md: a policy trained on an LM judge learned to write "
+        "a fake system turn). Every engine and every sampling call (training, validation, eval-bon, diagnostics).",
+    )
     temperature: float = field(1.0, "Sampling temperature (on-policy: 1.0).", gt=0.0)
     top_p: float = field(1.0, "Nucleus sampling mass (1.0 = off).", gt=0.0, le=1.0)
     top_k: int = field(0, "Top-k sampling (0 = off). The model's own generation_config is never applied.", ge=0)

@@ -504,7 +504,7 @@ class Settings:
             "policy": r.policy.name_or_path, "gguf_file": r.policy.gguf_file,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint.resolve()),
             "data_dir": r.data.dir, "split": self.split or r.data.train_split, "prompts": self.prompts, "pool": self.pool,
-            "seed": r.seed, "sampling": dataclasses.asdict(sampling_from(r.rollout)),
+            "seed": r.seed, "sampling": dataclasses.asdict(sampling_from(r.rollout)) | ({"stop_tokens": list(r.rollout.stop_tokens)} if r.rollout.stop_tokens else {}),
             "reward": r.reward.settings(), "max_prompt_tokens": r.data.max_prompt_tokens,
         }
 
@@ -525,10 +525,16 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
     from teacli import models
     from teacli.data.load import load_split
     from teacli.rewards import build_reward, checked_score
-    from teacli.rollout.base import sampling_from
+    from teacli.rollout.base import sampling_from, stop_token_ids
     from teacli.rollout.factory import build_engine
 
     s.check()
+    policy_cfg = _policy_cfg(s)
+    tokenizer = models.load_tokenizer(policy_cfg)
+    try:
+        stop_token_ids(tokenizer, s.recipe.rollout.stop_tokens)  # before anything is written
+    except ValueError as exc:
+        raise AlignmentError(str(exc)) from None
     s.out.mkdir(parents=True, exist_ok=True)
     recipe = s.recipe
     settings = s.pool_settings()
@@ -543,8 +549,6 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
         _atomic_bytes(settings_path, lambda f: f.write((json.dumps(settings, indent=2) + "\n").encode()))
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    policy_cfg = _policy_cfg(s)
-    tokenizer = models.load_tokenizer(policy_cfg)
     split = s.split or recipe.data.train_split
     prompts = []
     for p in load_split(recipe.data.dir, split):

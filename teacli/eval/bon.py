@@ -346,7 +346,8 @@ def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int,
         "checkpoint": ckpt.label,
         "checkpoint_path": ckpt.path.relative_to(run).as_posix() if ckpt.path else recipe.policy.name_or_path,
         "seed": recipe.seed,
-        "sampling": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens},
+        "sampling": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens,
+                     **({"stop_tokens": list(r.stop_tokens)} if r.stop_tokens else {})},  # absent when none: older files compare equal
         "reward": reward,
         "max_prompt_tokens": recipe.data.max_prompt_tokens,
         # Recorded, not compared: they change speed or the random stream, not the distribution.
@@ -378,7 +379,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
 
     from teacli import models
     from teacli.rewards import build_reward, checked_score
-    from teacli.rollout.base import sampling_from
+    from teacli.rollout.base import sampling_from, stop_token_ids
     from teacli.rollout.factory import build_engine
 
     t_start = time.perf_counter()
@@ -390,6 +391,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
                                          revision=None, lora=dataclasses.replace(policy_cfg.lora, enabled=False))
     try:
         tokenizer = models.load_tokenizer(policy_cfg)
+        stop_token_ids(tokenizer, recipe.rollout.stop_tokens)  # a stop token that is not one token stops before any file is written
     except ValueError as exc:
         raise EvalError(str(exc)) from None
     kept, prompt_ids = [], []

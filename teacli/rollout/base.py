@@ -23,7 +23,7 @@ every engine.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from teacli.types import Completion, SamplingConfig
 
@@ -75,6 +75,24 @@ def sampling_from(cfg: "RolloutConfig") -> SamplingConfig:
     return SamplingConfig(
         temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens
     )
+
+
+def stop_token_ids(tokenizer: Any, stop_tokens: Sequence[str] = ()) -> list[int]:
+    """The ids that end a completion: the tokenizer's EOS, then each of `rollout.stop_tokens` (one token
+    of the vocabulary each; anything else is a ValueError naming the key and what the string encodes to)."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the policy tokenizer has no eos token: generation could never stop (set one in the tokenizer)")
+    ids = [tokenizer.eos_token_id]
+    for token in stop_tokens:
+        encoded = tokenizer(token, add_special_tokens=False)["input_ids"] if token else []
+        if len(encoded) != 1:
+            raise ValueError(f"rollout.stop_tokens: {token!r} is {len(encoded)} tokens of the policy's vocabulary "
+                             f"({encoded[:8]}), not one: list single tokens (e.g. a chat template's turn marker)")
+        if encoded[0] == tokenizer.unk_token_id:
+            raise ValueError(f"rollout.stop_tokens: {token!r} is not in the policy's vocabulary (it encodes to the unknown token)")
+        if encoded[0] not in ids:
+            ids.append(encoded[0])
+    return ids
 
 
 def cut_at_eos(token_ids: Sequence[int], eos_token_ids: Iterable[int]) -> tuple[list[int], bool]:

@@ -8,7 +8,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from teacli.rollout.base import RolloutEngine
+from teacli.rollout.base import RolloutEngine, stop_token_ids
 
 if TYPE_CHECKING:
     from teacli.config import RolloutConfig
@@ -35,7 +35,7 @@ def build_engine(cfg: "RolloutConfig", model: Any, tokenizer: Any, **options: An
         from teacli.rollout.hf import HFEngine
 
         return HFEngine(
-            model, tokenizer, batch_size=cfg.batch_size, attention=cfg.attention, kv_cache=cfg.kv_cache,
+            model, tokenizer, batch_size=cfg.batch_size, eos_token_ids=stop_token_ids(tokenizer, cfg.stop_tokens), attention=cfg.attention, kv_cache=cfg.kv_cache,
             compile=cfg.compile, cache_bucket=cfg.cache_bucket, share_prefix=cfg.share_prefix,
         )
     if name == "vllm":

@@ -68,7 +68,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from teacli.logprobs import base_model
-from teacli.rollout.base import RolloutSyncError, cut_at_eos
+from teacli.rollout.base import RolloutSyncError, cut_at_eos, stop_token_ids
 from teacli.types import Completion, SamplingConfig
 
 if TYPE_CHECKING:
@@ -141,9 +141,7 @@ class VLLMEngine:
         self.sampler_logprobs = sampler_logprobs
         self.model = model
         self.tokenizer = tokenizer
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the policy tokenizer has no eos token: generation could never stop (set one in the tokenizer)")
-        self.eos_token_ids = [tokenizer.eos_token_id]
+        self.eos_token_ids = stop_token_ids(tokenizer, cfg.stop_tokens)  # EOS + rollout.stop_tokens
         base = base_model(model)
         self.device = next(base.parameters()).device
         self.dtype = resolve_dtype(dtype if dtype is not None else (policy.dtype if policy else "auto"), self.device)

@@ -203,12 +203,17 @@ def _setup(recipe: "Recipe", world, is_level: str):
     from teacli import models
     from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rewards import build_reward
+    from teacli.rollout.base import stop_token_ids
     from teacli.rollout.factory import build_engine as build_rollout
     from teacli.train import backend
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     tokenizer = models.load_tokenizer(recipe.policy)
+    try:
+        stop_token_ids(tokenizer, recipe.rollout.stop_tokens)  # before any model: a stop token that is not one token stops at once
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
     train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"

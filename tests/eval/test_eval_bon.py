@@ -261,3 +261,23 @@ def test_an_unknown_split_creates_nothing_and_the_default_run_note_goes_to_stder
     res = tea("eval-bon", cwd=evaluated)  # no RUN_DIR: the current directory, already evaluated
     assert res.exit_code == 0, res.output
     assert "no RUN_DIR given" in res.stderr and "no RUN_DIR given" not in res.stdout
+
+
+def test_stop_tokens_are_part_of_the_eval_settings_and_a_bad_one_writes_nothing(evaluated):
+    """rollout.stop_tokens changes what is sampled: an evaluation with it records it in its settings (and one
+    without it records nothing, so files from before the key compare equal), a resume cannot change it, and a
+    string that is not one token stops with one line naming the key before any file is written."""
+    before = sorted(p.relative_to(evaluated) for p in evaluated.rglob("*"))
+    res = tea("eval-bon", str(evaluated), "--n", "4", "--set", "rollout.stop_tokens=['the sea']")
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "rollout.stop_tokens: 'the sea' is 2 tokens" in res.stderr
+    assert sorted(p.relative_to(evaluated) for p in evaluated.rglob("*")) == before
+
+    (old,) = [json.loads(p.read_text()) for p in (evaluated / "eval").rglob(f"*-M{M}.run.json")]
+    assert "stop_tokens" not in old["sampling"]
+    res = tea("eval-bon", str(evaluated), "--n", "4", "--set", "rollout.stop_tokens=['<|user|>']")
+    assert res.exit_code == 0, res.output
+    (new,) = [json.loads(p.read_text()) for p in (evaluated / "eval").rglob("*-M4.run.json")]
+    assert new["sampling"]["stop_tokens"] == ["<|user|>"]
+    res = tea("eval-bon", str(evaluated), "--n", "4")  # the same files without the stop token: refused
+    assert res.exit_code == 2 and "other settings" in res.output and "sampling" in res.output

@@ -383,3 +383,40 @@ def test_shared_prompt_prefill_samples_what_the_unshared_engine_samples(model, t
             assert got == ids_of(plain.generate(prompts, n=4, sampling=s, seed=5)), kw
     finally:
         handle.remove()
+
+
+# -- rollout.stop_tokens ----------------------------------------------------------------------------
+
+
+def test_stop_tokens_end_a_completion_as_eos_does(model, tok, prompts):
+    """A chat turn marker listed in rollout.stop_tokens (`<|user|>` here, like ChatML's `<|im_start|>`) ends a
+    completion as EOS does: kept as its last token, the completion finished, the marker not in the text. Up to
+    the marker, every completion is what the engine samples without the setting (same seed)."""
+    turn = tok.convert_tokens_to_ids("<|user|>")
+    handle = model.lm_head.register_forward_hook(lambda mod, inp, out: out.index_add(-1, torch.tensor([turn]), torch.full((*out.shape[:-1], 1), 3.0)))
+    try:
+        runs = [build_engine(RolloutConfig(engine="hf", batch_size=16, stop_tokens=stop), model, tok)
+                .generate(prompts, n=8, sampling=sample(max_new_tokens=10), seed=1) for stop in ([], ["<|user|>"])]
+    finally:
+        handle.remove()
+    free, stopped = ([c for row in out for c in row] for out in runs)
+    assert any(turn in c.token_ids[:-1] for c in free)  # without the setting the policy writes past the marker
+    assert any(c.token_ids[-1] == turn for c in stopped) and any(not c.finished for c in stopped)
+    for a, b in zip(free, stopped):
+        want, found = cut_at_eos(a.token_ids, [tok.eos_token_id, turn])
+        assert (b.token_ids, b.finished) == (want, found)
+        assert "<|user|>" not in b.text
+
+
+def test_stop_token_ids_are_eos_then_the_listed_tokens_and_refuse_what_is_not_one_token(tok):
+    from teacli.rollout.base import stop_token_ids
+
+    user, system = tok.convert_tokens_to_ids("<|user|>"), tok.convert_tokens_to_ids("<|system|>")
+    assert stop_token_ids(tok) == [tok.eos_token_id]
+    assert stop_token_ids(tok, ["<|user|>", "<|system|>", "<|user|>", "<eos>"]) == [tok.eos_token_id, user, system]
+    with pytest.raises(ValueError, match=r"^rollout.stop_tokens: 'the sea' is 2 tokens of the policy's vocabulary \(\[\d+, \d+\]\), not one"):
+        stop_token_ids(tok, ["the sea"])
+    with pytest.raises(ValueError, match=r"^rollout.stop_tokens: '' is 0 tokens"):
+        stop_token_ids(tok, [""])
+    with pytest.raises(ValueError, match=r"^rollout.stop_tokens: 'qwertyuiop' is not in the policy's vocabulary"):
+        stop_token_ids(tok, ["qwertyuiop"])

@@ -116,8 +116,9 @@ class PlainEngine:
 
 
 def test_build_engine_and_cpu_runs_without_sleep(model, tok, caplog):
+    """Also rollout.stop_tokens: a listed turn marker ends a completion in vLLM as EOS does."""
     with caplog.at_level(logging.WARNING, logger="teacli.rollout.vllm_engine"):
-        eng = build_engine(RolloutConfig(engine="vllm", sleep=True), model, tok, dtype="float32")
+        eng = build_engine(RolloutConfig(engine="vllm", sleep=True, stop_tokens=["<|user|>"]), model, tok, dtype="float32")
     try:
         assert isinstance(eng, VLLMEngine)
         assert not eng.sleep_enabled
@@ -125,6 +126,13 @@ def test_build_engine_and_cpu_runs_without_sleep(model, tok, caplog):
         eng.sleep(), eng.wake(), eng.sleep()  # no-ops where sleep is unavailable
         out = eng.generate([[2, 5, 6]], n=2, sampling=sample(max_new_tokens=4), seed=0)
         assert len(out[0]) == 2
+        turn = tok.convert_tokens_to_ids("<|user|>")
+        assert eng.eos_token_ids == [tok.eos_token_id, turn]
+        (group,) = eng.generate([[2, 5, 6]], n=128, sampling=sample(max_new_tokens=12), seed=0)
+        assert sum(c.token_ids[-1] == turn for c in group) > 0  # the random model writes the marker; it ends there
+        for c in group:
+            assert turn not in c.token_ids[:-1] and (c.finished or len(c.token_ids) == 12)
+            assert c.finished == (c.token_ids[-1] in (tok.eos_token_id, turn))
     finally:
         eng.close()
 

@@ -56,3 +56,22 @@ def test_liger_on_cpu_is_refused_before_any_model_is_loaded(world, tmp_path):
         train(recipe, tmp_path / "run")
     assert str(err.value) == "policy.kernels: liger needs a CUDA device (its kernels are Triton); use eager, compile or auto"
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_stop_token_that_is_not_one_token_is_refused_before_any_model_is_loaded(world, tmp_path):
+    """rollout.stop_tokens is checked against the policy's tokenizer right after it loads: one line naming the
+    key, nothing written (the policy directory holds only a tokenizer: no model is needed to refuse it)."""
+    from tiny_lm import make_tokenizer, tiny_recipe
+
+    from teacli.config import recipe_from_dict
+    from teacli.data.prepare import prepare
+    from teacli.train.errors import TrainError
+    from teacli.train.loop import train
+
+    make_tokenizer().save_pretrained(tmp_path / "policy")
+    prepare("builtin", tmp_path / "data")
+    recipe = recipe_from_dict(tiny_recipe(tmp_path / "policy", tmp_path / "data", rollout__stop_tokens=["<|user|>", "the sea"]))
+    with pytest.raises(TrainError) as err:
+        train(recipe, tmp_path / "run")
+    assert str(err.value).startswith("rollout.stop_tokens: 'the sea' is 2 tokens of the policy's vocabulary")
+    assert not (tmp_path / "run").exists()
