@@ -273,11 +273,11 @@ def test_stop_tokens_are_part_of_the_eval_settings_and_a_bad_one_writes_nothing(
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "rollout.stop_tokens: 'the sea' is 2 tokens" in res.stderr
     assert sorted(p.relative_to(evaluated) for p in evaluated.rglob("*")) == before
 
-    (old,) = [json.loads(p.read_text()) for p in (evaluated / "eval").rglob(f"*-M{M}.run.json")]
+    old = json.loads((evaluated / "eval" / f"{SPLIT}-M{M}.run.json").read_text())  # the selected checkpoint's
     assert "stop_tokens" not in old["sampling"]
     res = tea("eval-bon", str(evaluated), "--n", "4", "--set", "rollout.stop_tokens=['<|user|>']")
     assert res.exit_code == 0, res.output
-    (new,) = [json.loads(p.read_text()) for p in (evaluated / "eval").rglob("*-M4.run.json")]
+    new = json.loads((evaluated / "eval" / f"{SPLIT}-M4.run.json").read_text())
     assert new["sampling"]["stop_tokens"] == ["<|user|>"]
     res = tea("eval-bon", str(evaluated), "--n", "4")  # the same files without the stop token: refused
     assert res.exit_code == 2 and "other settings" in res.output and "sampling" in res.output
