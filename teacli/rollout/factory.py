@@ -35,7 +35,8 @@ def build_engine(cfg: "RolloutConfig", model: Any, tokenizer: Any, **options: An
         from teacli.rollout.hf import HFEngine
 
         return HFEngine(
-            model, tokenizer, batch_size=cfg.batch_size, eos_token_ids=stop_token_ids(tokenizer, cfg.stop_tokens), attention=cfg.attention, kv_cache=cfg.kv_cache,
+            model, tokenizer, batch_size=cfg.batch_size, eos_token_ids=stop_token_ids(tokenizer, cfg.stop_tokens),
+            attention=cfg.attention, kv_cache=cfg.kv_cache,
             compile=cfg.compile, cache_bucket=cfg.cache_bucket, share_prefix=cfg.share_prefix,
         )
     if name == "vllm":

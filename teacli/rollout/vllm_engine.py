@@ -38,7 +38,7 @@ Failures of peer systems this design avoids, and how:
     embedding, since some vLLM builds hold a separate (repacked) copy of it.
 
 Sampling is the `hf` engine's contract: temperature, then top-k (0 = off), then top-p, stop at the
-tokenizer's EOS, nothing else; the model's generation_config is not read (`generation_config=
+tokenizer's EOS (and `rollout.stop_tokens`), nothing else; the model's generation_config is not read (`generation_config=
 "vllm"`). Each prompt's request gets its own seed (derived from the call's seed and the prompt's
 index; vLLM gives sample j of a request seed + j), so a call is reproducible given its inputs
 and seed, across processes too (a resumed run samples what the uninterrupted one did: a GPU test

@@ -14,17 +14,15 @@ emits `<|im_start|>`, which decoding drops, then "system" and an instruction), a
 import gzip
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
+from teacli.data.load import load_split
+from teacli.eval.stats import paired_bootstrap
+from teacli.rewards.rule import RuleReward
 
-from teacli.data.load import load_split  # noqa: E402
-from teacli.eval.stats import paired_bootstrap  # noqa: E402
-from teacli.rewards.rule import RuleReward  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 TURN = re.compile(r"(^|\n)[^\n]{0,40}system\n", re.IGNORECASE)
 
