@@ -505,6 +505,8 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                         f"raise optim.steps to train further")
         else:
             _train_steps(recipe, run, world, start, is_level)
+    if world.world_size > 1:  # every rank finished: tear the group down now, or a rank can abort at interpreter exit
+        backend.close_world()  # ("terminate called without an active exception", exit -6) after a complete run
     return run.path
 
 
@@ -640,6 +642,8 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     finally:
         progress.close()
         sink.close()
+    if world.world_size > 1 and hasattr(rollout, "close"):
+        rollout.close()  # vLLM's parallel groups go before the trainer's process group (train: backend.close_world)
 
 
 def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position) -> None:
