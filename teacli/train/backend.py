@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
@@ -93,7 +94,23 @@ def init_world() -> World:
     if not dist.is_initialized():
         with _stdout_to_stderr():  # "... built successfully" of its communication op
             deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
+        if device.type == "cpu" and dist.get_world_size() > 1:
+            dist.barrier()  # every rank has mapped every peer's shared-memory segment
+            _unlink_shm_segment(dist.get_rank())
     return World(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
+
+
+def _unlink_shm_segment(rank: int) -> None:
+    """DeepSpeed's CPU shared-memory all-reduce (its deepspeed_shm_comm_op, used when its launcher sets LOCAL_SIZE)
+    creates one /dev/shm segment per rank, `deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>`
+    (66 MB), and never unlinks it: every multi-process CPU run left 132 MB of memory behind until reboot (a CI
+    machine's /dev/shm filled up and the kernel killed a later run). Once every rank has mapped every peer's segment
+    (DeepSpeed's init waits for them; the barrier before this call waits for every rank), a rank can unlink its own
+    name: the mappings stay valid and the memory is freed when the last process exits, crashed or not. A name
+    DeepSpeed did not create is simply not there."""
+    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_{os.environ.get('MASTER_PORT', '')}_{rank}"
+    with contextlib.suppress(OSError):
+        (Path("/dev/shm") / name).unlink(missing_ok=True)
 
 
 def bf16_supported(device: "torch.device") -> bool:

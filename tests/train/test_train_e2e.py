@@ -165,12 +165,16 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_two_processes(assets, tmp_path, stage):
+    """Two processes under the deepspeed launcher; DeepSpeed's CPU shared-memory all-reduce segments (one per rank in
+    /dev/shm) are gone afterwards (teacli.train.backend._unlink_shm_segment: DeepSpeed never unlinks them)."""
     run = tmp_path / f"zero{stage}"
     rec = recipe(assets, tmp_path, backend__zero_stage=stage, optim__steps=2)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29500 + 10 * stage + os.getpid() % 500),
+    port = 29500 + 10 * stage + os.getpid() % 500
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))  # no memory left behind
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
     from transformers import AutoModelForCausalLM
