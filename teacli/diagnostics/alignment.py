@@ -497,16 +497,14 @@ class Settings:
             raise AlignmentError(f"--out {self.out}: is a file; give a directory")
 
     def pool_settings(self) -> dict[str, Any]:
-        from teacli.rollout.base import sampling_from
+        from teacli.rollout.base import sampling_settings
 
         r = self.recipe
         return {
             "policy": r.policy.name_or_path, "gguf_file": r.policy.gguf_file,
             "checkpoint": None if self.checkpoint is None else str(self.checkpoint.resolve()),
             "data_dir": r.data.dir, "split": self.split or r.data.train_split, "prompts": self.prompts, "pool": self.pool,
-            "seed": r.seed,
-            "sampling": dataclasses.asdict(sampling_from(r.rollout))
-            | ({"stop_tokens": list(r.rollout.stop_tokens)} if r.rollout.stop_tokens else {}),  # absent when none: older pools compare equal
+            "seed": r.seed, "sampling": sampling_settings(r.rollout),
             "reward": r.reward.settings(), "max_prompt_tokens": r.data.max_prompt_tokens,
         }
 

@@ -335,6 +335,7 @@ def _split_prompts(recipe: "Recipe", split: str, data_dir: str | None) -> list:
 
 def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str]) -> dict[str, Any]:
     from teacli.config import JUDGE_KEYS
+    from teacli.rollout.base import sampling_settings
     from teacli.rollout.factory import resolve_engine_name
 
     r, w = recipe.rollout, recipe.reward
@@ -346,8 +347,7 @@ def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int,
         "checkpoint": ckpt.label,
         "checkpoint_path": ckpt.path.relative_to(run).as_posix() if ckpt.path else recipe.policy.name_or_path,
         "seed": recipe.seed,
-        "sampling": {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_new_tokens": r.max_new_tokens,
-                     **({"stop_tokens": list(r.stop_tokens)} if r.stop_tokens else {})},  # absent when none: older files compare equal
+        "sampling": sampling_settings(r),
         "reward": reward,
         "max_prompt_tokens": recipe.data.max_prompt_tokens,
         # Recorded, not compared: they change speed or the random stream, not the distribution.

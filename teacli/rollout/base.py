@@ -77,6 +77,16 @@ def sampling_from(cfg: "RolloutConfig") -> SamplingConfig:
     )
 
 
+def sampling_settings(cfg: "RolloutConfig") -> dict[str, Any]:
+    """What a stored sample was drawn with, for the settings files that a resume compares (eval-bon, the alignment
+    pool): `sampling_from`'s values, and `rollout.stop_tokens` only when set (files written before the key compare equal)."""
+    s = sampling_from(cfg)
+    out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens}
+    if cfg.stop_tokens:
+        out["stop_tokens"] = list(cfg.stop_tokens)
+    return out
+
+
 def stop_token_ids(tokenizer: Any, stop_tokens: Sequence[str] = ()) -> list[int]:
     """The ids that end a completion: the tokenizer's EOS, then each of `rollout.stop_tokens` (one token
     of the vocabulary each; anything else is a ValueError naming the key and what the string encodes to)."""

@@ -4,9 +4,10 @@ deploy (the highest-judged of a prompt's 256 samples, kept with its text by coll
 held-out prompts carry the rule reward's constraints, so every pick can be scored by both.
 
 Per run: the judge's mean score of its picks (= its bo256), the rule reward's mean score of the same picks,
-its difference from the same seed's GRPO run's picks (paired
-prompt bootstrap, teacli.eval.stats, 1,000 resamples, seed 0), the share of picks that contain a line starting "system" (a new chat turn written by the policy: SmolLM2
-emits `<|im_start|>`, which decoding drops, then "system" and an instruction), and the picks' mean length.
+its difference from the same seed's GRPO run's picks (paired prompt bootstrap, teacli.eval.stats, 1,000
+resamples, seed 0), the share of picks with a line that ends in "system" after at most 40 other characters (a
+new chat turn written by the policy, consistent with SmolLM2 emitting `<|im_start|>`, which decoding drops,
+then "system" and an instruction), and the picks' mean length.
 
     python docs/results/gpu/cross_score.py > docs/results/gpu/cross_score_judge.md
 """
@@ -38,8 +39,8 @@ def main() -> None:
     print("| run (LM-judge reward) | picks | judge score of the picks (bo256) | rule score of the picks | − GRPO's (same seed) | picks with a \"system\" turn | mean tokens |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, (picks, ruled) in runs.items():
-        grpo = runs.get(re.sub(r"_(grpo_z|tea)-s", "_grpo-s", name))
-        delta = "" if grpo is None or grpo[1] is ruled else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*paired_bootstrap(ruled, grpo[1], 1000, 0))
+        grpo = re.sub(r"_(grpo_z|tea)-s", "_grpo-s", name)  # the same seed's GRPO run (itself for a GRPO run)
+        delta = "" if grpo == name or grpo not in runs else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*paired_bootstrap(ruled, runs[grpo][1], 1000, 0))
         judged = np.mean([p["reward"] for p in picks])
         turns = np.mean([bool(TURN.search(p["response"])) for p in picks])
         tokens = np.mean([p["tokens"] for p in picks])

@@ -17,7 +17,6 @@ length and the share of completions cut at max_new_tokens.
 """
 
 import argparse
-
 import gzip
 import json
 import re
