@@ -472,6 +472,20 @@ def recipe_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[
     return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
 
 
+
+def canonical_tree(data: Any) -> dict[str, Any] | None:
+    """The recipe tree `data` (e.g. a run directory's recipe.yaml) as this version writes it: built against the
+    schema without validation, with every key this version has, those `data` lacks at their defaults, then
+    written and read back as `tea train` writes recipe.yaml. A recipe.yaml written before a key existed thus
+    equals one written since with that key at its default (`rollout.stop_tokens: []`): what compares two
+    recorded recipes (resume, a base arm, the seeds of one method in `tea report`) compares these. None
+    when `data` does not build (a key this version does not know, a value of the wrong type)."""
+    try:
+        recipe = build(Recipe, data, {RECIPE_FILE: "<recipe.yaml>"}, "")
+    except (ValueError, TypeError):
+        return None
+    return parse_yaml(to_yaml(recipe), "<recipe.yaml>")
+
 # ------------------------------------------------------------------------------------------------
 # Loading: base inheritance, overrides, provenance
 

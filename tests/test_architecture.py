@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"config", "types", "models", "logprobs", "kernels", "lora"},  # kernels: the hf engine keeps liger out of generation
     "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics"},
     "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir"},
-    "report": {"eval", "rundir", "diagnostics"},
+    "report": {"eval", "rundir", "diagnostics", "config"},  # config: seeds of one method compare as the schema resolves them
     "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval"},
     "study": {"config", "rundir", "data"},  # data: the split names prepare-data writes (eval.split is checked on load)
 }

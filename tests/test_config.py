@@ -357,6 +357,23 @@ def test_execution_keys_are_told_apart_from_what_defines_the_experiment():
         assert not is_execution_key(key), key
 
 
+def test_canonical_tree_fills_keys_an_older_recipe_yaml_lacks():
+    """A run's recipe.yaml written before a key existed compares equal, through canonical_tree, to one written
+    since with the key at its default; a differing value still differs; a tree that does not build is None."""
+    import copy
+
+    from teacli.config import canonical_tree, parse_yaml, to_yaml
+
+    now = parse_yaml(to_yaml(Recipe()), "now")
+    older = copy.deepcopy(now)
+    assert older["rollout"].pop("stop_tokens") == [] and older != now
+    assert canonical_tree(older) == canonical_tree(now) == now
+    older["rollout"]["group_size"] = 8
+    assert canonical_tree(older) != now and canonical_tree(older)["rollout"]["group_size"] == 8
+    assert canonical_tree({"rollout": {"no_such_key": 1}}) is None
+    assert canonical_tree({"rollout": {"group_size": "many"}}) is None
+    assert canonical_tree("not a mapping") is None
+
 # -- `--set` (issue 22: items 4 and 13) --------------------------------------------------------------
 
 

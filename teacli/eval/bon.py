@@ -259,7 +259,7 @@ def init_base_arm(run: Path, recipe: str) -> Path:
     """Make `run` a run-like directory of `recipe` (name or path) for `--checkpoint base`: its resolved
     recipe.yaml, as `tea train` writes it, and nothing else. A study's base arm (the untrained policy
     evaluated as an arm) lives there. An existing recipe.yaml must be the same recipe. Returns the file."""
-    from teacli.config import RecipeError, find_recipe, load_recipe, to_yaml
+    from teacli.config import RecipeError, canonical_tree, find_recipe, load_recipe, parse_yaml, read_yaml, to_yaml
 
     try:
         resolved = to_yaml(load_recipe(find_recipe(recipe)))
@@ -267,7 +267,11 @@ def init_base_arm(run: Path, recipe: str) -> Path:
         raise EvalError(f"--recipe: {exc}") from None
     path = Path(run) / "recipe.yaml"
     if path.exists():
-        if path.read_text() != resolved:
+        try:  # the same recipe as this version writes it: one written before a key existed has it at its default
+            same = path.read_text() == resolved or canonical_tree(read_yaml(path)) == parse_yaml(resolved, "--recipe")
+        except RecipeError:
+            same = False
+        if not same:
             raise EvalError(f"{path} holds another recipe than --recipe {recipe}; evaluate into another RUN_DIR")
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ Everything `report` reads comes through here (the run-directory contract, teacli
 Nothing is skipped silently: a value that is missing, of the wrong type or not finite, a records line
 that is not a complete record, and a records file that does not hold every (prompt, sample) its bon.json
 implies are errors naming the file (and line), so no table is computed from part of the data.
-Imports only the standard library, PyYAML and teacli.rundir (docs/architecture.md import rule).
+Imports only the standard library, PyYAML, teacli.rundir and teacli.config's schema (docs/architecture.md import rule).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from teacli import rundir
+from teacli.config import canonical_tree
 
 _JUDGE_FILE = re.compile(r"^(?P<other>.+)-bo(?P<N>\d+)\.jsonl$")
 
@@ -184,7 +185,9 @@ def read_recipe(path: Path) -> RecipeInfo:
     if not isinstance(params, dict):
         raise ReportError(f"{path}: advantage.params must be a mapping, got {params!r}")
     name, seed = data.get("name"), data.get("seed")
-    rest = {k: v for k, v in data.items() if k != "seed"}
+    # as this version writes it, so a recipe.yaml from before a key existed still pools with seeds written since
+    tree = canonical_tree(data) or data
+    rest = {k: v for k, v in tree.items() if k != "seed"}
     try:
         identity = json.dumps(rest, sort_keys=True, default=str)
     except (TypeError, ValueError):

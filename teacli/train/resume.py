@@ -96,7 +96,7 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
     """Where to start, and whether this recipe may continue the run directory (the resume rules,
     docs/training.md): a change of a key outside config.EXECUTION_KEYS, an optim.steps the run cannot
     take, or a train / val split whose file changed since the run started is a TrainError. Reads only."""
-    from teacli.config import is_execution_key, parse_yaml, recipe_changes, to_yaml
+    from teacli.config import canonical_tree, is_execution_key, parse_yaml, recipe_changes, to_yaml
     from teacli.data.load import split_sha256
 
     d = recipe.data
@@ -105,7 +105,9 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
         data["validation"] = split_sha256(d.dir, d.val_split)
     if not run.recipe.exists():
         return Start(0, None, False, {}, data)
-    changed = recipe_changes(parse_yaml(run.recipe.read_text(), str(run.recipe)) or {}, parse_yaml(to_yaml(recipe), "this recipe"))
+    before = parse_yaml(run.recipe.read_text(), str(run.recipe)) or {}
+    # as this version writes it: a key added since the run started counts at its default, not as a change
+    changed = recipe_changes(canonical_tree(before) or before, parse_yaml(to_yaml(recipe), "this recipe"))
     defining = [f"{k}: {a!r} in the run, {b!r} now" for k, (a, b) in changed.items() if not is_execution_key(k)]
     if defining:
         raise TrainError(

@@ -17,6 +17,10 @@ def test_init_base_arm_writes_the_resolved_recipe_once(tmp_path):
     assert path == run / "recipe.yaml" and path.read_text() == to_yaml(load_recipe(find_recipe("quickstart")))
     assert sorted(p.name for p in run.iterdir()) == ["recipe.yaml"]
     assert init_base_arm(run, "quickstart") == path  # the same recipe again: kept
+    older = path.read_text().replace("  stop_tokens: []\n", "")  # written before rollout.stop_tokens existed
+    assert older != path.read_text()
+    path.write_text(older)
+    assert init_base_arm(run, "quickstart") == path and path.read_text() == older  # still the same recipe, file untouched
     with pytest.raises(EvalError, match="holds another recipe than --recipe embedded_tea"):
         init_base_arm(run, "embedded_tea")
     with pytest.raises(EvalError, match="--recipe: no recipe file or name 'nope'"):

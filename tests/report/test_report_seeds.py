@@ -155,6 +155,25 @@ def test_seeds_pool_into_one_method_with_seed_averaged_values(study, tmp_path):
     assert "one run each: paired prompt bootstrap 95% CI" in (out / "seeds.md").read_text()
 
 
+def test_seeds_pool_across_versions_that_write_a_new_key_at_its_default(study, tmp_path):
+    """A seed trained before a recipe key existed (its recipe.yaml lacks rollout.stop_tokens) and one trained
+    since (the key at its default, []) are the same recipe: one method, as when both are written alike."""
+    runs, base = study
+    path = runs[3] / "recipe.yaml"  # t-s1
+    older = path.read_text().replace("  stop_tokens: []\n", "")
+    assert older != path.read_text()
+    path.write_text(older)
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r", "--endpoints", "2,4")
+    assert res.exit_code == 0, res.output
+    frontier = by_method(tmp_path / "r" / "frontier.csv")
+    assert list(frontier) == ["g", "t"] and float(frontier["t"]["bo4"]) == pytest.approx(0.5)
+    # a key that differs in value still splits them
+    path.write_text(older.replace("group_size: 16", "group_size: 8"))
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r2", "--endpoints", "2,4")
+    assert res.exit_code == 0, res.output
+    assert list(by_method(tmp_path / "r2" / "frontier.csv")) == ["g", "t-s0", "t-s1"]
+
+
 def test_prompts_level_keeps_the_seed_averaged_prompt_bootstrap(study, tmp_path):
     runs, base = study
     res = report(*runs, "--baseline", "g", "--base-arm", base, "--out", tmp_path / "r", "--bootstrap-levels", "prompts")
