@@ -351,8 +351,10 @@ def plan(study: Study) -> list[Stage]:
             train_cmd = (study.launcher + ["teacli.cli"] if study.launcher else tea) + ["train", str(recipe_path), "--run-dir", str(run)]
             if seed is not None:
                 train_cmd += ["--set", f"seed={seed}"]
-            stages.append(Stage(f"train {label}", train_cmd, training_done(run, recipe.optim.steps)))
             bon = rundir.eval_dir(run, study.checkpoint) / f"{study.split}-M{study.n}.bon.json"
+            # evaluated: trained as far as this study needs, its checkpoints kept or not (removed to free disk,
+            # or records collected from another machine): training it again would overwrite what was evaluated
+            stages.append(Stage(f"train {label}", train_cmd, training_done(run, recipe.optim.steps) or bon.exists()))
             eval_cmd = tea + ["eval-bon", str(run), "--n", str(study.n), "--split", study.split]
             if study.checkpoint != "selected":
                 eval_cmd += ["--checkpoint", study.checkpoint]

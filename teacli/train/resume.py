@@ -107,7 +107,8 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
         return Start(0, None, False, {}, data)
     before = parse_yaml(run.recipe.read_text(), str(run.recipe)) or {}
     # as this version writes it: a key added since the run started counts at its default, not as a change
-    changed = recipe_changes(canonical_tree(before) or before, parse_yaml(to_yaml(recipe), "this recipe"))
+    before = canonical_tree(before) or before
+    changed = recipe_changes(before, parse_yaml(to_yaml(recipe), "this recipe"))
     defining = [f"{k}: {a!r} in the run, {b!r} now" for k, (a, b) in changed.items() if not is_execution_key(k)]
     if defining:
         raise TrainError(
@@ -116,10 +117,50 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
         )
     latest = run.latest_checkpoint()
     step, checkpoint = latest if latest else (0, None)
+    _check_records_kept(run, before, step)
     if "optim.steps" in changed:
         _check_steps(recipe, changed["optim.steps"][0], step)
     _check_data(run, recipe, data)
     return Start(step, checkpoint, True, {k: v for k, v in changed.items() if is_execution_key(k)}, data)
+
+
+def _check_records_kept(run: RunDir, before: dict[str, Any], step: int) -> None:
+    """A run is not trained again from `step` over records that say a later checkpoint existed: a validation
+    row after `step` (written once its checkpoint was committed; tea's own pruning keeps the newest) or a
+    finished evaluation of a later step. Those checkpoints were removed outside tea (to free disk once the
+    run was evaluated, say), and training again would overwrite the run's metrics, validation and selection
+    and leave its evaluations describing another training. A run stopped part-way resumes as always (its
+    evaluations of steps up to `step` and of the untrained policy stay true)."""
+    saved = max((int(r.get("step", 0)) for r in run.read_jsonl(run.validation) if isinstance(r, dict)), default=0)
+    evals = [p.relative_to(run.path).as_posix() for p in sorted((run.path / "eval").rglob("*.bon.json")) if _evaluated_step(p) > step]
+    if saved <= step and not evals:
+        return
+    optim = before.get("optim")
+    steps = optim.get("steps") if isinstance(optim, dict) else None
+    if isinstance(steps, int) and saved >= steps:
+        what = f"finished at step {saved} (optim.steps={steps})"
+    elif saved > step:
+        what = f"checkpointed and validated at step {saved}"
+    else:
+        what = f"trained past step {step}"
+    if evals:
+        what += f" and evaluated ({evals[0]}{f' and {len(evals) - 1} more' if len(evals) > 1 else ''})"
+    gone = "checkpoints are all gone" if step == 0 else f"checkpoints after step {step} are gone"
+    raise TrainError(
+        f"{run.path} holds a run {what} whose {gone}: training it again from step {step} would overwrite its "
+        f"records; `tea eval-bon` and `tea report` use it as it is; to train again, choose another --run-dir or move "
+        f"{run.path} away"
+    )
+
+
+def _evaluated_step(bon: Path) -> int:
+    """The training step a finished evaluation scored (its bon.json's `checkpoint`); 0 for the untrained
+    policy or a file that does not say."""
+    try:
+        which = json.loads(bon.read_text()).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return which if isinstance(which, int) and not isinstance(which, bool) else 0
 
 
 def _check_steps(recipe: "Recipe", before: int, reached: int) -> None:
