@@ -472,7 +472,6 @@ def recipe_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[
     return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
 
 
-
 def canonical_tree(data: Any) -> dict[str, Any] | None:
     """The recipe tree `data` (e.g. a run directory's recipe.yaml) as this version writes it: built against the
     schema without validation, with every key this version has, those `data` lacks at their defaults, then
@@ -485,6 +484,7 @@ def canonical_tree(data: Any) -> dict[str, Any] | None:
     except (ValueError, TypeError):
         return None
     return parse_yaml(to_yaml(recipe), "<recipe.yaml>")
+
 
 # ------------------------------------------------------------------------------------------------
 # Loading: base inheritance, overrides, provenance

@@ -131,7 +131,7 @@ def _check_records_kept(run: RunDir, before: dict[str, Any], step: int) -> None:
     run was evaluated, say), and training again would overwrite the run's metrics, validation and selection
     and leave its evaluations describing another training. A run stopped part-way resumes as always (its
     evaluations of steps up to `step` and of the untrained policy stay true)."""
-    saved = max((int(r.get("step", 0)) for r in run.read_jsonl(run.validation) if isinstance(r, dict)), default=0)
+    saved = max((r["step"] for r in run.read_jsonl(run.validation) if isinstance(r, dict) and _is_int(r.get("step"))), default=0)
     evals = [p.relative_to(run.path).as_posix() for p in sorted((run.path / "eval").rglob("*.bon.json")) if _evaluated_step(p) > step]
     if saved <= step and not evals:
         return
@@ -160,7 +160,11 @@ def _evaluated_step(bon: Path) -> int:
         which = json.loads(bon.read_text()).get("checkpoint")
     except (OSError, ValueError, AttributeError):
         return 0
-    return which if isinstance(which, int) and not isinstance(which, bool) else 0
+    return which if _is_int(which) else 0
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _check_steps(recipe: "Recipe", before: int, reached: int) -> None:
