@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teacli.rundir import RunDir, exclusive, step_dir_name, write_text_atomic
+from teacli.rundir import RunDir, exclusive, finished_evals, step_dir_name, write_text_atomic
 from teacli.train.errors import TrainError
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def _check_records_kept(run: RunDir, before: dict[str, Any], step: int) -> None:
     and leave its evaluations describing another training. A run stopped part-way resumes as always (its
     evaluations of steps up to `step` and of the untrained policy stay true)."""
     saved = max((r["step"] for r in run.read_jsonl(run.validation) if isinstance(r, dict) and _is_int(r.get("step"))), default=0)
-    evals = [p.relative_to(run.path).as_posix() for p in sorted((run.path / "eval").rglob("*.bon.json")) if _evaluated_step(p) > step]
+    evals = [p.relative_to(run.path).as_posix() for p in _finished_evals(run) if _evaluated_step(p) > step]
     if saved <= step and not evals:
         return
     optim = before.get("optim")
@@ -151,6 +151,14 @@ def _check_records_kept(run: RunDir, before: dict[str, Any], step: int) -> None:
         f"records; `tea eval-bon` and `tea report` use it as it is; to train again, choose another --run-dir or move "
         f"{run.path} away"
     )
+
+
+def _finished_evals(run: RunDir) -> list[Path]:
+    """The bon.json of every finished evaluation of the run (rundir.finished_evals of eval/ and of each folder in
+    it: base/, step_XXXXXX/), eval/'s own first."""
+    root = run.path / "eval"
+    folders = [root, *sorted(d for d in root.iterdir() if d.is_dir())] if root.is_dir() else []
+    return [bon for folder in folders for _, bon in sorted(finished_evals(folder).items())]
 
 
 def _evaluated_step(bon: Path) -> int:
