@@ -10,8 +10,10 @@ checkpointing the first k, `true`, `false` or `auto`), one process of train_step
 `--grad-ckpt` and `--json` set here and whatever follows `--`, one after the other on the same device, so
 the rows are comparable. A setting that runs out of memory is a row saying so (the issue's question is the
 fastest configuration *that fits*); any other failure is a row with the first exception of its log, which
-is kept, and the exit status is 1; a setting that ran leaves nothing in --logs. Progress goes to stderr, the table to stdout, every setting's
-train_step JSON to --json.
+is kept, and the exit status is 1. Progress goes to stderr, the table to stdout, every setting's train_step
+JSON to --json, rewritten after every setting: stopped part-way (Ctrl-C, or SIGTERM from `timeout` or a
+scheduler), the script ends the setting it is waiting for and --json keeps the ones that finished. A
+setting that ran leaves nothing in --logs when --json is given, its train_step JSON otherwise.
 
 Columns (medians over the measured steps, after train_step's warm-up step):
 
@@ -122,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(args.logs or tempfile.mkdtemp(prefix="tea-grad-ckpt-"))
     logs.mkdir(parents=True, exist_ok=True)
     rows, results, status = [], [], 0
+
+    def save() -> None:
+        if args.json:
+            write_text_atomic(Path(args.json), json.dumps({"train_step_args": fixed, "rows": rows, "results": results}, indent=2))
+
     for mb in args.micro_batches:
         for setting in args.settings:
             name = f"mb{mb}_ckpt_{setting}"
@@ -134,18 +141,20 @@ def main(argv: list[str] | None = None) -> int:
                 result = json.loads(out.read_text())
                 results.append({"micro_batch": mb, "setting": setting, "train_step": result})
                 rows.append(row | summarise(result) | {"result": "ok"})
-                log.unlink(), out.unlink()  # kept in --json
+                save()
+                log.unlink()
+                if args.json:  # kept there
+                    out.unlink()
             else:
                 line = first_error_line(log) if rc is not None else f"ran past --timeout {args.timeout:g} s"
                 fits = "OutOfMemoryError" not in line and "out of memory" not in line
                 rows.append(row | {"result": f"failed: {line} (log: {log})" if fits else "out of memory"})
                 status = status or (1 if fits else 0)
+                save()
             print(f"[grad_ckpt] micro-batch {mb}, --grad-ckpt {setting}: {rows[-1]['result']} in {seconds:.0f} s", file=sys.stderr, flush=True)
     print(table(rows))
     for line in verdicts(rows):
         print(line)
-    if args.json:
-        write_text_atomic(Path(args.json), json.dumps({"train_step_args": fixed, "rows": rows, "results": results}, indent=2))
     return status
 
 

@@ -14,7 +14,9 @@ put first on PYTHONPATH, so the children measure this checkout's tea. The launch
 A launch that fails (the launcher missing, a rank crashing, out of memory, past --timeout) is reported as
 one line naming N and its log, which is kept; the other N still run and the exit status is 1. Successful
 logs are deleted. Progress goes to stderr, the table to stdout, everything (each N's train_step JSON and
-the table's values) to --json.
+the table's values) to --json, rewritten after every launch: stopped part-way (Ctrl-C, or SIGTERM from
+`timeout` or a scheduler), the script ends the launch it is waiting for and --json keeps the ones that
+finished. Without --json, each finished N's train_step JSON stays in --logs.
 
 Columns, each the median over the measured steps (after train_step's warm-up step):
 
@@ -44,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -141,26 +144,49 @@ def first_error_line(log: Path) -> str:
     return (raised or lines or [""])[0 if raised else -1][:300]
 
 
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End `proc`'s session: SIGTERM, then SIGKILL after 30 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_one(cmd: list[str], log: Path, timeout: float) -> tuple[int | None, float]:
     """Run `cmd` with its output in `log`; (exit status or None when it ran past `timeout`, seconds). The
-    launcher runs in a session of its own, so a timeout ends it and the ranks it started, nothing else."""
+    launcher runs in a session of its own, so a timeout ends it and the ranks it started, nothing else.
+    Stopping this script (Ctrl-C, or SIGTERM from `timeout` or a scheduler) ends that session too: nothing
+    else would, and the run would go on holding the GPU beside whatever runs next."""
     env = dict(os.environ)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)  # each launch starts its own process group
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     t0 = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
-                proc.wait(timeout=30)
+                rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            rc = None
+                _end(proc)
+                rc = None
+            except BaseException:  # stopped while waiting
+                _end(proc)
+                raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return rc, time.perf_counter() - t0
 
 
@@ -176,7 +202,7 @@ def add_run_options(p: argparse.ArgumentParser, what: str, plural: str, results:
     """--timeout, --logs and --json of a script that runs train_step.py once per `what` (launch, setting)."""
     p.add_argument("--timeout", type=float, default=900, help=f"seconds one {what} may run before it is ended and reported (default 900)")
     p.add_argument("--logs", default=None, help=f"folder for the {plural}' logs (default: a new temporary folder); failed {plural}' logs are kept")
-    p.add_argument("--json", default=None, help=f"write {results} and the table's values here")
+    p.add_argument("--json", default=None, help=f"write {results} and the table's values here, after every {what}")
 
 
 def passthrough_clash(extra: list[str], set_here: tuple[str, ...], why: str) -> str | None:
@@ -208,6 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
 
     results, failures = {}, {}
+
+    def save() -> None:
+        """--json: what has finished so far (written after every launch, so a stopped run keeps it)."""
+        if args.json:
+            from teacli.rundir import write_text_atomic
+
+            rows = add_efficiency([summarise(results[n]) for n in args.gpus if n in results])
+            write_text_atomic(Path(args.json), json.dumps({"launcher": args.launcher, "prompts_per_gpu": per_gpu, "train_step_args": fixed,
+                                         "table": rows, "failed": {str(n): f for n, f in failures.items()},
+                                         "runs": {str(n): r for n, r in results.items()}}, indent=2) + "\n")
+
     for n in args.gpus:
         out, log = logs / f"train_step_n{n}.json", logs / f"train_step_n{n}.log"
         out.unlink(missing_ok=True)
@@ -231,9 +268,12 @@ def main(argv: list[str] | None = None) -> int:
             failures[n] = {"reason": rc_text, "log": str(log), "error": why}
             print(f"[scaling] N={n}: FAILED ({rc_text}) after {seconds:.0f} s; log kept: {log}" + (f"; {why}" if why else ""),
                   file=sys.stderr, flush=True)
+            save()
             continue
         results[n] = result
-        out.unlink()
+        save()
+        if args.json:  # kept there
+            out.unlink()
         log.unlink()
         print(f"[scaling] N={n}: done in {seconds:.0f} s", file=sys.stderr, flush=True)
 
@@ -245,12 +285,6 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows))
     for n, f in failures.items():
         print(f"N={n}: failed ({f['reason']}); log: {f['log']}" + (f"; {f['error']}" if f["error"] else ""))
-    if args.json:
-        from teacli.rundir import write_text_atomic
-
-        write_text_atomic(Path(args.json), json.dumps({"launcher": args.launcher, "prompts_per_gpu": per_gpu, "train_step_args": fixed,
-                                     "table": rows, "failed": {str(n): f for n, f in failures.items()},
-                                     "runs": {str(n): r for n, r in results.items()}}, indent=2) + "\n")
     if not args.logs and not any(logs.iterdir()):
         logs.rmdir()
     return 1 if failures else 0

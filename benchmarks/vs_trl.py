@@ -370,8 +370,8 @@ def main() -> None:
     p.add_argument("--tea-share-prompts", choices=["on", "off"], default="on",
                    help="tea: optim.share_prompts (on: a micro-batch runs each distinct prompt once, on a KV cache its completions "
                         "share; needs no checkpointed layer). MFU counts the tokens the forward ran, so sharing lowers it at equal time")
-    p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="eager",
-                   help="tea: policy.kernels (default eager, the recipe default and the tables before issue 21; auto: liger where installed on CUDA)")
+    p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="auto",
+                   help="tea: policy.kernels (default auto, the recipe default: liger where installed on CUDA; eager: the tables before issue 21)")
     p.add_argument("--trl-micro-batch", type=int, default=16)
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
     p.add_argument("--tea-is-correction", choices=["token", "off"], default="token",

@@ -99,19 +99,20 @@ class PolicyConfig:
         "estimated activations fit: none on CPU; on CUDA the smallest k for which the estimated bf16 activations of one "
         "micro-batch, micro_batch_size × (data.max_prompt_tokens + rollout.max_new_tokens) tokens × 2 bytes × "
         "((layers − k)·(16·hidden + 3·intermediate) + k·hidden) (one uncheckpointed layer's worth at k = all, for the "
-        "recompute), fit in half the device memory left after the weights and optimizer state; the k of least memory "
+        "recompute), fit in 3/4 of the device memory left after the weights and optimizer state (1/2 with the vllm engine "
+        "and rollout.sleep off, whose share stays beside the trainer); the k of least memory "
         "when none does (never all layers: checkpointing the last one too saves nothing; docs/performance.md). Any k > 0 turns off optim.share_prompts' shared KV cache.",
         ge=0,
     )
     kernels: Literal["auto", "eager", "liger", "compile"] = field(
-        "eager",
+        "auto",
         "Fused kernels for the training forward and backward (teacli/kernels.py, docs/performance.md). liger = "
         "liger-kernel's RMSNorm, SwiGLU and rotary kernels for the architecture (CUDA, pip install 'teacli[liger]'); "
         "compile = torch.compile of each decoder layer (train mode only: generation keeps the eager layers; not with "
         "backend.zero_stage 3); eager = the transformers modules as they are; auto = liger where it is installed, the "
-        "device is CUDA and liger supports the architecture, else eager (always eager on CPU). Default eager: "
-        "tests/gpu/test_gpu_kernels.py passed on an H100 after liger was kept out of generation, but liger under ZeRO-3 "
-        "and with LoRA (the test added after that) has not run on a GPU yet (docs/performance.md).",
+        "device is CUDA and liger supports the architecture, else eager (always eager on CPU, so CPU runs compute "
+        "what they did). Default auto since tests/gpu/test_gpu_kernels.py passed on an H100 with liger under ZeRO-2, "
+        "ZeRO-3 and LoRA (equal to eager within bf16 rounding; docs/performance.md).",
     )
     chat_template: str | None = field(None, "Jinja chat template overriding the tokenizer's (needed when the tokenizer has none).")
     trust_remote_code: bool = field(False, "Allow custom modelling code from the hub.")

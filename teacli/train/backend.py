@@ -134,8 +134,9 @@ def resolve_precision(precision: str, device: "torch.device") -> str:
 class Checkpointing:
     """policy.gradient_checkpointing resolved: the first `layers` of the model's `of` decoder layers are
     checkpointed. On CUDA, with the model's shape known, also the estimates behind it (bytes): `activations`
-    of one micro-batch with those layers checkpointed, `states` (model_state_bytes), and `budget`, the half of
-    the device's `total` memory that the model states leave, which `auto` fits the activations into."""
+    of one micro-batch with those layers checkpointed, `states` (model_state_bytes), and `budget`, the share
+    (`activation_share`) of the device's `total` memory that the model states leave, which `auto` fits the
+    activations into."""
 
     setting: "bool | int | str"
     layers: int
@@ -157,7 +158,7 @@ class Checkpointing:
         if self.estimate is not None:
             gib = 2**30
             line += (f"; estimated activations of one micro-batch {self.activations / gib:.1f} GiB (budget {self.budget / gib:.1f} GiB: "
-                     f"half of the {self.total / gib:.1f} GiB device less {self.states / gib:.1f} GiB of model states), "
+                     f"{self.budget / max(self.total - self.states, 1):.0%} of the {self.total / gib:.1f} GiB device less {self.states / gib:.1f} GiB of model states), "
                      f"training peak ~{self.estimate / gib:.1f} GiB")
         return line
 
@@ -191,15 +192,31 @@ def auto_checkpoint_layers(budget: int, tokens: int, layers: int, hidden: int, i
     return fits[0] if fits else min(range(layers + 1), key=estimates.__getitem__)
 
 
+# policy.gradient_checkpointing: auto fits the estimated activations into this share of the memory the model
+# states leave. The rest is for what the estimate does not count: the hf engine's KV cache, compiled graphs, the
+# allocator's fragmentation. Measured on an H100 (docs/performance.md): the 1B shape without checkpointing
+# peaked at 46.6 GiB of 79.2 (liger) where the estimate said 62.7 (0.74x); eager, at the calibration point, 0.95x.
+ACTIVATION_SHARE = 0.75
+# With rollout.sleep off the vllm engine keeps its share (half of what the states leave:
+# AUTO_SHARE in teacli/rollout/vllm_engine.py) through training, and the activations get the other half.
+AWAKE_ENGINE_ACTIVATION_SHARE = 0.5
+
+
+def activation_share(recipe: "Recipe") -> float:
+    """The share of the memory the model states leave that `auto` fits the activations into."""
+    awake = recipe.rollout.engine != "hf" and not recipe.rollout.sleep  # vllm (or auto, which may be vllm) kept awake
+    return AWAKE_ENGINE_ACTIVATION_SHARE if awake else ACTIVATION_SHARE
+
+
 def resolve_checkpointing(recipe: "Recipe", model, world: World) -> Checkpointing:
     """policy.gradient_checkpointing for `model` (before LoRA and ZeRO-3 wrap it): true = every decoder
     layer, false = none, an integer k = the first k; `auto` = the fewest that fit (`auto_checkpoint_layers`).
 
     The rule for `auto`: none on CPU (there it only costs time). On CUDA, the smallest k whose estimated
     activations of one micro-batch (`activation_bytes` of micro_batch_size × (data.max_prompt_tokens +
-    rollout.max_new_tokens) tokens: the recipe's worst case, not a batch's actual lengths) fit in half of the
-    device memory left after the model states (`model_state_bytes`); every layer for an architecture whose
-    shape it cannot read. k above the model's layer count is a ValueError naming the key.
+    rollout.max_new_tokens) tokens: the recipe's worst case, not a batch's actual lengths) fit in
+    `activation_share` (3/4; 1/2 beside an awake vllm engine) of the device memory left after the model states
+    (`model_state_bytes`); every layer for an architecture whose shape it cannot read. k above the model's layer count is a ValueError naming the key.
     """
     from teacli.models import checkpointable_layers
 
@@ -229,7 +246,7 @@ def resolve_checkpointing(recipe: "Recipe", model, world: World) -> Checkpointin
     tokens = recipe.optim.micro_batch_size * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
     total = torch.cuda.get_device_properties(world.device).total_memory
     states = model_state_bytes(recipe, model, world)
-    budget = (total - states) // 2
+    budget = int((total - states) * activation_share(recipe))
     if layers < 0:
         layers = auto_checkpoint_layers(budget, tokens, of, hidden, inter)
     return Checkpointing(setting, layers, of, activation_bytes(tokens, of, hidden, inter, layers), states, budget, total)

@@ -77,3 +77,26 @@ def test_real_run_beside_an_out_of_memory_and_a_failed_setting(bench, tmp_path, 
     expected = {"micro_batch": 8, "setting": "0"} | bench.summarise(run) | {"result": "ok"}
     assert json.dumps(ok, sort_keys=True) == json.dumps(expected, sort_keys=True)  # (no CUDA: the memory columns are NaN)
     assert stdout.splitlines()[-1] == f"micro-batch 8: fastest 0 layers checkpointed ({ok['step_s']:.3f} s a step)"
+
+
+def test_a_run_stopped_part_way_keeps_the_settings_that_finished(bench, tmp_path, monkeypatch):
+    """--json is written after every setting: `timeout 400 python benchmarks/grad_ckpt.py ...` on an H100 ended it
+    in the sixth of ten settings and the five that had run (6 minutes of GPU time) were lost with it."""
+    fake = {"grad_ckpt_layers": 2, "mem_estimate_gib": 5.0,
+            "rows": [{"step_s": s, "generate_s": 1.0, "ref_logprobs_s": 0.5, "backward_step_s": 2.0, "mfu_backward_step": 0.4,
+                      "peak_train_gib": 4.0, "peak_mem_gib": 4.5} for s in (9.0, 3.0, 3.2, 3.4)]}
+
+    def run_one(cmd, log, timeout):
+        if cmd[cmd.index("--grad-ckpt") + 1] == "auto":
+            raise KeyboardInterrupt  # what SIGTERM from `timeout` becomes in run_one
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps(fake))
+        log.write_text("")
+        return 0, 1.0
+
+    monkeypatch.setattr(bench, "run_one", run_one)
+    out, logs = tmp_path / "grad_ckpt.json", tmp_path / "logs"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--settings", "2,auto", "--micro-batches", "8", "--logs", str(logs), "--json", str(out)])
+    kept = json.loads(out.read_text())
+    assert [(r["setting"], r["result"], r["step_s"]) for r in kept["rows"]] == [("2", "ok", 3.2)]
+    assert kept["results"][0]["train_step"] == fake and list(logs.iterdir()) == []

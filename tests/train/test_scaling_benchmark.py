@@ -162,3 +162,41 @@ def test_real_run_on_one_and_two_processes_past_a_crashed_launch(scaling, tmp_pa
     assert rows[1]["efficiency_pct"] == pytest.approx(100 * rows[1]["tokens_per_s"] / 2 / rows[0]["tokens_per_s"])
     table = [line for line in stdout.splitlines() if line.startswith("| 2 |")]
     assert len(table) == 1 and f"| {rows[1]['efficiency_pct']:.1f}% |" in table[0]
+
+
+def test_a_stopped_benchmark_ends_the_launch_it_waits_for(tmp_path):
+    """run_one starts the launch in a session of its own (so a --timeout can end it and its ranks), which is also
+    out of reach of the signal that stops the benchmark: `timeout 400 python benchmarks/grad_ckpt.py ...` left
+    its train_step.py running on the GPU beside the next job. SIGTERM to the benchmark now ends the launch too."""
+    import signal
+    import time
+
+    pid_file, log = tmp_path / "child.pid", tmp_path / "child.log"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import scaling; "
+              f"scaling.run_one([sys.executable, '-c', {child!r}], __import__('pathlib').Path({str(log)!r}), 300)")
+    proc = subprocess.Popen([sys.executable, "-c", parent], env=tea_env())
+    child_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child_pid = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the launch (pid {child_pid}) outlived the stopped benchmark")
+    finally:
+        proc.kill()
+        if child_pid is not None:
+            try:
+                os.killpg(child_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
