@@ -15,7 +15,8 @@ Llama-3.1-8B's sizes), prompts of random tokens whose
 lengths are drawn uniformly from --ragged (left-padded in a batch); it rarely emits EOS, so every
 sequence generates max-new-tokens. `hf_old` is the hf engine as it was before issue 12 (transformers'
 sdpa attention, dynamic cache, no compile, each row's prompt prefilled on its own, torch.multinomial); `hf` is the engine's defaults (sdpa_gqa attention,
-bucketed static cache, torch.compile on CUDA). `--prompts 64,256,1024` times every engine at each size
+bucketed static cache, torch.compile on CUDA, the engine's own decode loop); `hf_generate` is the defaults with
+transformers' `model.generate` as the decode loop (the engine before 2026-11-28; benchmarks/decode_loop.py). `--prompts 64,256,1024` times every engine at each size
 (one row each, the engine built once); `--hf-batch-size 0` gives the hf engine every sequence of a call
 at once.
 
@@ -66,7 +67,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "smollm2", *LLAMA_SHAPES], default="tiny")
-    parser.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, hf_old, vllm")
+    parser.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, hf_old, hf_generate, vllm")
     parser.add_argument("--small", action="store_true", help="llama*: vs_trl.py's tiny shape instead (a CPU smoke run)")
     parser.add_argument("--ragged", default=None, help="llama*: min,max prompt length in tokens (default 96,128)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -148,7 +149,8 @@ def main() -> None:
     hf_batch = args.hf_batch_size or most * args.n
     builders = {"hf": lambda: HFEngine(model, tokenizer, batch_size=hf_batch),
                 "hf_old": lambda: HFEngine(model, tokenizer, batch_size=hf_batch, attention="sdpa", kv_cache="dynamic", compile=False,
-                                           share_prefix=False, sampler="multinomial")}
+                                           share_prefix=False, sampler="multinomial"),
+                "hf_generate": lambda: HFEngine(model, tokenizer, batch_size=hf_batch, loop="generate")}
     engines = {}
     for name in args.engines.split(","):
         if name == "vllm":  # one row per --vllm-kwargs setting

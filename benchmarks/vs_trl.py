@@ -188,16 +188,17 @@ def run_tea(args, device) -> dict:
             torch.cuda.reset_peak_memory_stats()
         sync(device)
         t0 = time.perf_counter()
-        rollout.wake()
-        groups = rollout.generate(prompt_ids, args.group_size, sampling, seed=step)
-        rollout.sleep()
-        sync(device)
+        profile = args.profile and step == args.steps and device.type == "cuda"
+        with _profiler(profile, args.profile and phase_path(args.profile, "generate"), "generation", device):
+            rollout.wake()
+            groups = rollout.generate(prompt_ids, args.group_size, sampling, seed=step)
+            rollout.sleep()
+            sync(device)
         t1 = time.perf_counter()
         rewards = torch.tensor([reward_of(c.text) for g in groups for c in g]).reshape(args.prompts, args.group_size)
         advantages = compute_advantages("tea", rewards.double()).float()
         t2 = time.perf_counter()
-        profile = args.profile and step == args.steps and device.type == "cuda"
-        with _profiler(profile, args.profile):
+        with _profiler(profile, args.profile, "training phase", device):
             stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device, is_level=is_level)
             sync(device)
         t3 = time.perf_counter()
@@ -309,19 +310,38 @@ def run_trl(args, device) -> dict:
     return {"rows": rows, "settings": settings}
 
 
+def phase_path(path: str, phase: str) -> str:
+    """--profile's file for another phase than training: profile.txt -> profile.generate.txt."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.{phase}{p.suffix}"))
+
+
 @contextlib.contextmanager
-def _profiler(on: bool, path: str | None):
-    """torch.profiler over the last tea step's training phase: a table of where the GPU time goes."""
+def _profiler(on: bool, path: str | None, phase: str, device=None):
+    """torch.profiler over one phase of the last tea step: a table of where the GPU time goes, headed by
+    the phase's wall time and the time the GPU spent in kernels (busy = kernels / wall: what is left is
+    the GPU waiting for the CPU, launches, synchronisation)."""
     if not on:
         yield None
         return
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         yield prof
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-    Path(path).write_text(table)
-    print(f"profile of the last tea training phase written to {path}", file=sys.stderr)
+        sync(device)
+        wall = time.perf_counter() - start
+    from torch.autograd import DeviceType
+
+    averages = prof.key_averages()
+    # what the table's "Self CUDA time total" sums: device events, not the annotations that wrap them (a CUDA
+    # graph's replay is such an annotation, and its kernels are listed again one by one)
+    kernels = sum(e.self_device_time_total for e in averages if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e6
+    launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaLaunchKernelExC"))
+    head = (f"{phase}: wall {wall:.3f} s under the profiler, GPU kernels {kernels:.3f} s (busy {kernels / wall:.0%}), "
+            f"{launches} kernel or graph launches from the CPU")
+    Path(path).write_text(head + "\n\n" + averages.table(sort_by="cuda_time_total", row_limit=40))
+    print(f"{head}; the profile's table is in {path}", file=sys.stderr)
 
 
 def _free(device) -> None:
@@ -386,7 +406,8 @@ def main() -> None:
     p.add_argument("--only", choices=["tea", "trl"], default=None, help="run one side only")
     p.add_argument("--small", action="store_true", help="tiny model and shapes (CPU smoke run)")
     p.add_argument("--json", default=None, help="also write every step's numbers here")
-    p.add_argument("--profile", default=None, help="CUDA: write a torch.profiler table of tea's last training phase here")
+    p.add_argument("--profile", default=None, help="CUDA: write a torch.profiler table of tea's last training phase here, and of "
+                   "its last generation beside it (profile.txt: profile.generate.txt), each headed by its wall and GPU-kernel time")
     args = p.parse_args()
     if args.vllm_kwargs and args.engine != "vllm":
         p.error("--vllm-kwargs: applies to --engine vllm only")

@@ -234,7 +234,7 @@ class RolloutConfig:
     )
     compile: bool | Literal["auto"] = field(
         "auto",
-        "torch.compile and CUDA graphs for generation; auto = on CUDA only. hf engine: transformers' compiled decode step "
+        "torch.compile and CUDA graphs for generation; auto = on CUDA only. hf engine: the compiled decode forward "
         "(needs the static cache); vllm: false = vLLM's enforce_eager (no compile, no CUDA graphs: faster start, slower decode).",
     )
     cache_bucket: int = field(

@@ -27,3 +27,14 @@ def test_share_prompts_flag_reaches_the_trainer(tmp_path, flag, shared):
     result = json.loads(out.read_text())
     assert result["args"]["tea_share_prompts"] == flag and result["results"]["tea"]["settings"]["share_prompts"] is shared
     assert f"share_prompts={shared}" in proc.stdout
+
+
+def test_decode_loop_benchmark_compares_the_two_loops(tmp_path):
+    """benchmarks/decode_loop.py --small: a row per loop and run (tea, generate, twice), and the two loops'
+    greedy tokens equal (fp32 on the CPU, where they are the same computation)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_loop.py"), "--small", "--repeats", "1"],
+                          capture_output=True, text=True, env=tea_env(tmp_path), timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ") and "loop" not in line]
+    assert rows == ["generate", "tea", "generate", "tea"]
+    assert "greedy tokens equal: True" in proc.stdout

@@ -385,6 +385,72 @@ def test_shared_prompt_prefill_samples_what_the_unshared_engine_samples(model, t
         handle.remove()
 
 
+# -- the engine's own decode loop (2026-11-28) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_the_engines_decode_loop_samples_what_generate_samples(model, tok, prompts, kv_cache, share_prefix):
+    """The loop that replaced `model.generate` (same forward, processors, draw and RNG use): for a seed, the same
+    tokens as generate at several sampling settings, with ragged left-padded prompts, batches that split the
+    groups, the shared prompt prefill on and off, and rows that end at EOS while others go on."""
+    ours = HFEngine(model, tok, batch_size=7, kv_cache=kv_cache, cache_bucket=16, share_prefix=share_prefix)
+    theirs = HFEngine(model, tok, batch_size=7, kv_cache=kv_cache, cache_bucket=16, share_prefix=share_prefix, loop="generate")
+    ended = 0
+    for kw in ({"top_k": 1}, {}, {"top_k": 20, "top_p": 0.9, "temperature": 0.8}):
+        s = sample(max_new_tokens=24, **kw)
+        got = ours.generate(prompts, n=4, sampling=s, seed=3)
+        assert ids_of(got) == ids_of(theirs.generate(prompts, n=4, sampling=s, seed=3)), kw
+        ended += sum(c.finished for row in got for c in row)
+    assert 0 < ended < 3 * 12  # some completions ended at EOS, some ran to max_new_tokens
+
+
+def test_the_decode_loop_stops_once_every_row_has_ended(model, tok, prompts):
+    """Every row's first token is EOS (the LM head is biased to it): the loop notices at its first check
+    (after STOP_CHECK_EVERY tokens), not after max_new_tokens forwards, and returns what generate returns."""
+    from teacli.rollout.hf import STOP_CHECK_EVERY
+
+    calls = []
+
+    def eos_first(_module, _inputs, out):
+        calls.append(out.shape)
+        out = out.clone()
+        out[..., tok.eos_token_id] += 100.0
+        return out
+
+    handle = model.lm_head.register_forward_hook(eos_first)
+    try:
+        got = HFEngine(model, tok, batch_size=12).generate(prompts, n=4, sampling=sample(max_new_tokens=64), seed=0)
+        forwards = len(calls)
+        want = HFEngine(model, tok, batch_size=12, loop="generate").generate(prompts, n=4, sampling=sample(max_new_tokens=64), seed=0)
+    finally:
+        handle.remove()
+    assert forwards == STOP_CHECK_EVERY < 64  # the prefill and the decode steps up to the first check
+    assert ids_of(got) == ids_of(want) == [[[tok.eos_token_id]] * 4] * 3
+    assert all(c.finished for row in got for c in row)
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_loop_generates_the_eager_tokens(model, tok, prompts):
+    """rollout.compile on the CPU (inductor without CUDA graphs; on CUDA: tests/gpu/test_gpu_speed.py): the
+    compiled decode forward gives the uncompiled loop's greedy tokens, and a seed's samples again on a second call."""
+    from torch._dynamo.utils import counters
+
+    greedy = sample(top_k=1, max_new_tokens=12)
+    want = ids_of(HFEngine(model, tok, batch_size=8, kv_cache="static", compile=False).generate(prompts, n=2, sampling=greedy, seed=0))
+    engine = HFEngine(model, tok, batch_size=8, kv_cache="static", compile=True)
+    before = counters["stats"]["unique_graphs"]
+    assert ids_of(engine.generate(prompts, n=2, sampling=greedy, seed=0)) == want
+    assert counters["stats"]["unique_graphs"] > before  # it did compile
+    s = sample(max_new_tokens=12)
+    assert ids_of(engine.generate(prompts, n=2, sampling=s, seed=4)) == ids_of(engine.generate(prompts, n=2, sampling=s, seed=4))
+
+
+def test_a_bad_decode_loop_is_refused(model, tok):
+    with pytest.raises(ValueError, match="loop"):
+        HFEngine(model, tok, loop="vllm")
+
+
 # -- rollout.stop_tokens ----------------------------------------------------------------------------
 
 
