@@ -87,7 +87,7 @@ class HFEngine:
         if loop not in LOOPS:
             raise ValueError(f"loop: {loop!r} is not one of {', '.join(LOOPS)}")
         self.loop = loop
-        self._compiled_step: Any = None
+        self._forward: Any = None
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -280,9 +280,9 @@ class HFEngine:
         them static), so the graph is replayed in place."""
         import torch
 
-        if self._compiled_step is None:
-            self._compiled_step = torch.compile(_last_logits, **_compile_config(device).to_dict())
-        return self._compiled_step
+        if self._forward is None:
+            self._forward = torch.compile(_last_logits, **_compile_config(device).to_dict())
+        return self._forward
 
     def _completion(self, generated: list[int]) -> Completion:
         ids, finished = cut_at_eos(generated, self.eos_token_ids)
