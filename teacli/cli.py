@@ -257,7 +257,9 @@ def prepare_data(
 def train(
     recipe: str = typer.Argument(..., help="Recipe YAML file or name (see `tea recipes list`)."),
     set_: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set optim.lr=3e-5 (repeatable)."),
-    run_dir: str = typer.Option(None, "--run-dir", help="Run directory (default: runs/<recipe name>). An existing one is resumed."),
+    run_dir: str = typer.Option(None, "--run-dir", help="Run directory (default: runs/<recipe name>, runs/<recipe name>-rehearsal with --rehearse). An existing one is resumed."),
+    rehearse: bool = typer.Option(False, "--rehearse", help="Rehearse with shape-exact stand-ins (random weights, stand-in tokenizer and prompts) to measure time and memory; not evidence (docs/reproducing.md)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Train this many steps (sets optim.steps)."),
 ) -> None:
     """Train a policy with the recipe's advantage rule; resumes an existing run directory.
 
@@ -268,6 +270,7 @@ def train(
 
     from teacli.config import RecipeError, find_recipe, load_recipe
 
+    set_ = [*set_, *(["rehearsal.enabled=true"] if rehearse else []), *([f"optim.steps={steps}"] if steps else [])]
     try:
         r = load_recipe(find_recipe(recipe), set_)
     except RecipeError as exc:
@@ -277,7 +280,7 @@ def train(
     from teacli.rundir import check_run_dir_path
     from teacli.train.loop import train as run_training
 
-    directory = Path(run_dir) if run_dir else Path("runs") / r.name
+    directory = Path(run_dir) if run_dir else Path("runs") / (r.name + ("-rehearsal" if r.rehearsal.enabled else ""))
     main_rank = os.environ.get("RANK", "0") == "0"  # the other ranks of a launch stop with the same code, silently
     try:
         check_run_dir_path(directory)
@@ -714,6 +717,7 @@ def eval_bon(
         None, "--recipe", help="With --checkpoint base: make RUN_DIR a run-like directory of this recipe (writes its "
         "recipe.yaml) to evaluate its untrained policy without training, e.g. a study's base arm.",
     ),
+    rehearse: bool = typer.Option(False, "--rehearse", help="With --recipe: rehearse with shape-exact stand-ins (sets rehearsal.enabled; a rehearsal run's own evaluations always are)."),
 ) -> None:
     """Sample M completions per held-out prompt, score them, write records and grouped best-of-N.
 
@@ -737,11 +741,13 @@ def eval_bon(
     except EvalError as exc:
         _fail(str(exc))
         return
+    if rehearse and recipe is None:
+        _fail("--rehearse: give --recipe R and --checkpoint base (a rehearsal run's own evaluations are rehearsals already)")
     if recipe is not None:
         if checkpoint != "base" or not run_dirs or len(runs) != 1:
             _fail("--recipe: give exactly one RUN_DIR and --checkpoint base (it evaluates the recipe's untrained policy)")
         try:
-            init_base_arm(runs[0], recipe)
+            init_base_arm(runs[0], recipe, ["rehearsal.enabled=true"] if rehearse else [])
         except EvalError as exc:
             _fail(str(exc))
     if not run_dirs:

@@ -394,6 +394,13 @@ class EvalConfig:
 
 
 @dataclass
+class RehearsalConfig:
+    enabled: bool = field(False, "Rehearse: run with random weights of the recipe's model shapes, a stand-in tokenizer covering their vocabulary and stand-in prompts, to measure time and memory before paying for a run (`tea train --rehearse`; docs/reproducing.md). What it writes is marked as a rehearsal, and `tea report` and `tea study` refuse it as evidence.")
+    prompt_tokens: int = field(256, "Length of every stand-in prompt, in tokens after the policy's chat template.", ge=8)
+    eval_prompts: int = field(0, "Prompts in each stand-in held-out split (core250, heldout, ...); 0 = the real split's size.", ge=0)
+
+
+@dataclass
 class LoggingConfig:
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | None = field(
         None,
@@ -422,6 +429,7 @@ class Recipe:
     validation: ValidationConfig = field(ValidationConfig(), "Validation-based checkpoint selection.")
     eval: EvalConfig = field(EvalConfig(), "Best-of-N evaluation defaults.")
     logging: LoggingConfig = field(LoggingConfig(), "Logging.")
+    rehearsal: RehearsalConfig = field(RehearsalConfig(), "Rehearsal with shape-exact stand-ins (timing and memory only).")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -447,6 +447,8 @@ def load_policy(
     import torch
     from transformers import AutoModelForCausalLM
 
+    from teacli import standins
+
     device = torch.device(device or "cpu")
     torch_dtype = resolve_dtype(dtype if dtype is not None else cfg.dtype, device)
     path, kwargs = resolve_source(cfg, key)
@@ -454,6 +456,8 @@ def load_policy(
         if cfg.attn_implementation == SDPA_GQA:
             register_sdpa_gqa()
         kwargs["attn_implementation"] = cfg.attn_implementation
+    if standins.is_standin(path):  # a rehearsal: random weights of the model's shape, built on the device
+        return standins.random_model(path, "causal_lm", torch_dtype, device, **kwargs)
     if "gguf_file" in kwargs:
         kwargs.update(_gguf_kwargs())
     with load_errors(f"{key}.name_or_path", cfg.name_or_path, path):

@@ -301,6 +301,21 @@ def _check_outputs(path: Path, recipes: list["Recipe"], split: str, n: int, chec
                                  "set checkpoint.keep_last: null or evaluate a kept step")
 
 
+def refuse_rehearsal(run_dir: Path) -> None:
+    """A study's run directory that holds a rehearsal (random weights: `tea train --rehearse`) is a StudyError:
+    a study counts what its runs wrote as results."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # absent (not trained yet) or unreadable: the stage's own command says what is wrong
+    rehearsal = tree.get("rehearsal") if isinstance(tree, dict) else None
+    if isinstance(rehearsal, dict) and rehearsal.get("enabled"):
+        raise StudyError(f"{run_dir} holds a rehearsal (rehearsal.enabled in its recipe.yaml), not a run a study can count; "
+                         "move it away or use another runs_dir")
+
+
 def training_done(run_dir: Path, steps: int) -> bool:
     final = run_dir / "checkpoints" / rundir.step_dir_name(steps)
     return (final / "trainer_state.json").exists() or ((run_dir / "selected.json").exists() and final.exists())
@@ -348,6 +363,7 @@ def plan(study: Study) -> list[Stage]:
         recipe = load_recipe(recipe_path)
         for run, seed in study.run_dirs(name):
             label = run.name
+            refuse_rehearsal(run)
             train_cmd = (study.launcher + ["teacli.cli"] if study.launcher else tea) + ["train", str(recipe_path), "--run-dir", str(run)]
             if seed is not None:
                 train_cmd += ["--set", f"seed={seed}"]

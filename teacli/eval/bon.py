@@ -255,14 +255,14 @@ class EvalResult:
     seconds: float
 
 
-def init_base_arm(run: Path, recipe: str) -> Path:
+def init_base_arm(run: Path, recipe: str, overrides: Sequence[str] = ()) -> Path:
     """Make `run` a run-like directory of `recipe` (name or path) for `--checkpoint base`: its resolved
     recipe.yaml, as `tea train` writes it, and nothing else. A study's base arm (the untrained policy
     evaluated as an arm) lives there. An existing recipe.yaml must be the same recipe. Returns the file."""
     from teacli.config import RecipeError, canonical_tree, find_recipe, load_recipe, parse_yaml, read_yaml, to_yaml
 
     try:
-        resolved = to_yaml(load_recipe(find_recipe(recipe)))
+        resolved = to_yaml(load_recipe(find_recipe(recipe), overrides))
     except RecipeError as exc:
         raise EvalError(f"--recipe: {exc}") from None
     path = Path(run) / "recipe.yaml"
@@ -315,13 +315,22 @@ def evaluate(
     if M < 1:
         raise EvalError(f"--n: M must be >= 1, got {M}")
     ckpt = resolve_checkpoint(run, checkpoint, validation=recipe.validation.enabled)
-    prompts = _split_prompts(recipe, split, data_dir)  # a wrong --split fails before anything is created
+    loaded = recipe  # what is loaded: in a rehearsal, stand-ins of the recipe's models and data
+    if recipe.rehearsal.enabled:
+        from teacli import standins
+
+        log(standins.banner(recipe))
+        try:
+            loaded = standins.stand_in(recipe)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
+    prompts = _split_prompts(loaded, split, data_dir)  # a wrong --split fails before anything is created
     files = EvalFiles.of(ckpt.eval_dir, split, M)
     settings = _settings(recipe, run, ckpt, split, M, overrides)
     ckpt.eval_dir.mkdir(parents=True, exist_ok=True)
     busy = f"another `tea eval-bon` is writing {ckpt.eval_dir} (lock {files.lock.name}); wait for it to finish"
     with exclusive(files.lock, busy, EvalError):
-        return _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, prompts, progress, log)
+        return _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_dir, prompts, progress, log)
 
 
 def _split_prompts(recipe: "Recipe", split: str, data_dir: str | None) -> list:
@@ -359,6 +368,7 @@ def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int,
         "rollout_batch_size": r.batch_size,
         "score_batch_size": recipe.eval.score_batch_size,
         "overrides": list(overrides),
+        **({"rehearsal": True} if recipe.rehearsal.enabled else {}),  # random weights: for time and memory only
     }
 
 
@@ -378,7 +388,7 @@ def _check_settings(files: EvalFiles, settings: dict[str, Any], log: Callable[[s
         log(f"note: {', '.join(changed)} changed since the evaluation started; new samples use another random stream")
 
 
-def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, prompts, progress, log) -> EvalResult:
+def _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_dir, prompts, progress, log) -> EvalResult:
     import torch
 
     from teacli import models
@@ -389,7 +399,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
     t_start = time.perf_counter()
     _check_settings(files, settings, log)
 
-    policy_cfg = recipe.policy
+    policy_cfg = loaded.policy
     if ckpt.path is not None:  # an HF checkpoint with its tokenizer; LoRA adapters were merged on save
         policy_cfg = dataclasses.replace(policy_cfg, name_or_path=str(ckpt.path.resolve()), gguf_file=None,
                                          revision=None, lora=dataclasses.replace(policy_cfg.lora, enabled=False))
@@ -451,7 +461,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
             models.keep_cpu_memory()
         try:
             model = models.load_policy(policy_cfg, device=device).eval()
-            reward = build_reward(recipe.reward, device=device, tokenizer=tokenizer)
+            reward = build_reward(loaded.reward, device=device, tokenizer=tokenizer)
         except ValueError as exc:
             raise EvalError(str(exc)) from None
         # The options reach the vllm engine only; it starts from placeholder weights and gets the
@@ -490,5 +500,7 @@ def _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, pro
         records = read_records(files.records)
 
     summary = bon_summary(rewards_matrix(records, order, M, str(files.records)), order, split, M, ckpt.label)
+    if recipe.rehearsal.enabled:
+        summary["rehearsal"] = True
     _write_json_atomic(files.bon, summary)
     return EvalResult(run, files, summary, len(order), skipped, resumed, new, time.perf_counter() - t_start)

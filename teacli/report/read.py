@@ -167,6 +167,11 @@ def read_recipe(path: Path) -> RecipeInfo:
     if not isinstance(data, dict):
         raise ReportError(f"{path}: a recipe must be a YAML mapping, got {type(data).__name__}")
 
+    rehearsal = data.get("rehearsal")
+    if isinstance(rehearsal, dict) and rehearsal.get("enabled"):
+        raise ReportError(f"{path.parent} is a rehearsal (rehearsal.enabled in its recipe.yaml): random weights of the recipe's "
+                          "model shapes, for time and memory only; tea report compares real runs")
+
     def get(dotted: str) -> Any:
         node: Any = data
         for part in dotted.split("."):

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from teacli import standins
 from teacli.models import encode_chat, load_errors, looks_like_path, resolve_dtype
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class HFRewardModel:
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.device = next(model.parameters()).device
         self.truncated = 0  # conversations cut to max_length so far
+        self.tokens_scored = 0  # tokens of every conversation scored so far (benchmarks/phases.py: the phase's floor)
         self._own_pooling = _is_generic_classifier(model) and isinstance(getattr(model, "score", None), torch.nn.Module)
 
     @classmethod
@@ -91,9 +93,12 @@ class HFRewardModel:
             kwargs["revision"] = revision
         with load_errors("reward.name_or_path", name_or_path, path):
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, dtype=resolve_dtype(dtype, device), **kwargs
-            )
+            if standins.is_standin(path):  # a rehearsal: random weights of the reward model's shape
+                model = standins.random_model(path, "reward", resolve_dtype(dtype, device), device)
+            else:
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    path, num_labels=1, dtype=resolve_dtype(dtype, device), **kwargs
+                )
         return cls(model.to(device), tokenizer, batch_size=batch_size, max_length=max_length, name=name_or_path)
 
     @classmethod
@@ -147,6 +152,7 @@ class HFRewardModel:
 
     def _score_encoded(self, encoded: list[list[int]]) -> "torch.Tensor":
         """encoded[B] token ids → rewards[B] float32 on CPU, batched by length (the result does not depend on it)."""
+        self.tokens_scored += sum(len(ids) for ids in encoded)
         return score_by_length(self.model, encoded, self.batch_size, self._forward)
 
     def _forward(self, batch: list[list[int]]) -> "torch.Tensor":

@@ -95,6 +95,10 @@ AUTO_SHARE = {True: 0.9, False: 0.5}
 # rollout.kv_cache_gib: auto = one call's sequences at their longest, plus this margin (vLLM's 16-token
 # blocks round each sequence up; the prompt blocks prefix caching shares make it smaller).
 KV_AUTO_MARGIN = 1.25
+# ... and at most this share of the engine's share after the weights: the rest stays free for vLLM's activations
+# and CUDA graphs while it generates, and for whatever the trainer holds beyond its estimate while it sleeps
+# (a cache sized from the whole share failed to wake at the paper's 1B + 8B reward model step on an 80 GB card).
+KV_AUTO_CAP = 0.5
 # The vllm.LLM arguments tea sets that rollout.vllm_kwargs may replace (every other one it sets is in
 # teacli.config.VLLM_RESERVED_KWARGS): the log-stats switch, and on CPU the whole-prompt scheduling below.
 TEA_DEFAULT_KWARGS = ("disable_log_stats", "enable_chunked_prefill", "max_num_batched_tokens")
@@ -584,8 +588,8 @@ def memory_plan(
     start when less than `gpu_memory_utilization` × total is free, and with `kv_cache_memory_bytes`
     reads gpu_memory_utilization for that check only. `kv_cache_gib` 'auto' with `kv_needed` (sequences,
     tokens each, KV bytes a token) fixes the KV cache at what those sequences hold at once, plus
-    `KV_AUTO_MARGIN`, where that is at most half of the share after the weights (the rest is left to
-    vLLM's activations and CUDA graphs); otherwise, as with null, vLLM sizes it from the share.
+    `KV_AUTO_MARGIN`, capped at `KV_AUTO_CAP` of the share after the weights (the cap itself where the
+    sequences are not known); null lets vLLM size it from the whole share.
     """
     later = max(0, trainer_bytes - allocated)
     leaves = max(0, free - later)
@@ -604,14 +608,19 @@ def memory_plan(
     kwargs: dict[str, Any] = {"gpu_memory_utilization": share / total}
     kv = f"what remains after the weights ({weights_bytes / _GiB:.2f} GiB) and activations"
     if kv_cache_gib == "auto":
+        cap = int(max(0, share - weights_bytes) * KV_AUTO_CAP)
         if kv_needed is None:
-            return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv} (auto: the sequences per call are not known here)"
+            kwargs["kv_cache_memory_bytes"] = cap
+            return kwargs, (f"{share / _GiB:.1f} GiB ({how}); KV cache: {cap / _GiB:.2f} GiB (rollout.kv_cache_gib auto: "
+                            f"{KV_AUTO_CAP:.0%} of the share after the weights; the sequences per call are not known here)")
         seqs, tokens, per_token = kv_needed
         needed = int(seqs * tokens * per_token * KV_AUTO_MARGIN)
         what = f"{seqs} sequences x {tokens} tokens x {per_token / 1024:.0f} KiB, +{KV_AUTO_MARGIN - 1:.0%}"
-        if needed > (share - weights_bytes) / 2:
-            return kwargs, (f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv} (auto: {what} = {needed / _GiB:.1f} GiB is more "
-                            "than half of the share after the weights)")
+        if needed > cap:
+            kwargs["kv_cache_memory_bytes"] = cap
+            return kwargs, (f"{share / _GiB:.1f} GiB ({how}); KV cache: {cap / _GiB:.2f} GiB (rollout.kv_cache_gib auto: {what} "
+                            f"= {needed / _GiB:.1f} GiB at their longest, capped at {KV_AUTO_CAP:.0%} of the share after the weights; "
+                            "vLLM allocates blocks as sequences grow and runs the rest when blocks free up)")
         kwargs["kv_cache_memory_bytes"] = needed
         return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {needed / _GiB:.2f} GiB (rollout.kv_cache_gib auto: {what})"
     if kv_cache_gib is not None:

@@ -209,13 +209,22 @@ def _setup(recipe: "Recipe", world, is_level: str):
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    tokenizer = models.load_tokenizer(recipe.policy)
+    loaded = recipe  # what is loaded: in a rehearsal, stand-ins of the recipe's models and data (recipe.yaml keeps the real names)
+    if recipe.rehearsal.enabled:
+        from teacli import standins
+
+        say(world, standins.banner(recipe))
+        try:
+            loaded = standins.stand_in(recipe)
+        except ValueError as exc:
+            raise TrainError(str(exc)) from None
+    tokenizer = models.load_tokenizer(loaded.policy)
     try:
         stop_token_ids(tokenizer, recipe.rollout.stop_tokens)  # before any model: a stop token that is not one token stops at once
     except ValueError as exc:
         raise TrainError(str(exc)) from None
-    train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
-    policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
+    train_prompts, val_prompts, data_report = encode_splits(tokenizer, loaded)  # before any model: a data error stops at once
+    policy = models.load_policy(loaded.policy, dtype=torch.float32, device=world.device)
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"
     if cpu_attention:  # grouped K/V without copies, multi-query bf16 attention in fp32 (models.sdpa_gqa_attention)
         policy.set_attn_implementation(models.register_sdpa_gqa())
@@ -231,7 +240,7 @@ def _setup(recipe: "Recipe", world, is_level: str):
         if recipe.policy.lora.enabled:
             reference = "adapters-disabled"
         else:
-            reference = models.load_policy(recipe.policy, dtype=dtype, device=world.device)
+            reference = models.load_policy(loaded.policy, dtype=dtype, device=world.device)
             if cpu_attention:
                 reference.set_attn_implementation(models.register_sdpa_gqa())
             reference.eval().requires_grad_(False)
@@ -241,7 +250,7 @@ def _setup(recipe: "Recipe", world, is_level: str):
 
         policy = apply_lora(policy, recipe.policy.lora)
 
-    reward = build_reward(recipe.reward, device=world.device, tokenizer=tokenizer)
+    reward = build_reward(loaded.reward, device=world.device, tokenizer=tokenizer)
 
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
     if P % world.world_size:
@@ -249,6 +258,12 @@ def _setup(recipe: "Recipe", world, is_level: str):
     local_seqs = (P // world.world_size) * m
     grad_accum = -(-local_seqs // recipe.optim.micro_batch_size)
     trainer_bytes = backend.model_state_bytes(recipe, policy, world)  # before ZeRO-3 partitions the parameters
+    # The vllm engine sizes itself from what this process will hold beside it: the trainer's states and a reward
+    # model on this device (allocated already, and not part of the trainer's: without it, what the reward model
+    # holds hides what the trainer allocates only at its first step, and the engine cannot wake at the second).
+    module = getattr(reward, "model", None)
+    if isinstance(module, torch.nn.Module):
+        trainer_bytes += sum(p.numel() * p.element_size() for p in module.parameters() if p.device == world.device)
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
     rollout = build_rollout(
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
@@ -412,11 +427,20 @@ def validation_sequences(recipe, val_prompts) -> int:
 def validate(rollout, reward, val_prompts, recipe, seed: int) -> dict[str, Any]:
     """The paper's selection score: mean over prompts of the mean of the top-k rewards of n samples."""
     v = recipe.validation
-    prompts, _, _, rewards, _, _ = generate_and_score(rollout, reward, val_prompts, recipe, v.samples, seed)
+    prompts, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, val_prompts, recipe, v.samples, seed)
     top = rewards.topk(min(v.top, rewards.shape[1]), dim=1).values.mean(dim=1)
     return {"score": float(top.mean()), "prompts": len(prompts), "samples": v.samples, "top": v.top,
             "reward_mean": float(rewards.mean()),
-            "rule": f"mean of top-{v.top} of {v.samples} samples, {len(prompts)} prompts"}
+            "rule": f"mean of top-{v.top} of {v.samples} samples, {len(prompts)} prompts",
+            "time_generate": t_gen, "time_reward": t_rew, **token_counts(prompt_ids, groups)}
+
+
+def token_counts(prompt_ids: list[list[int]], groups: list[list[Completion]]) -> dict[str, int]:
+    """Tokens a step's phases process: prompt tokens once per prompt (generation's prefill, with the prompt
+    shared) and once per sequence (reference and training), and the completions' tokens."""
+    return {"tokens_prompt_unique": sum(len(ids) for ids in prompt_ids),
+            "tokens_prompt": sum(len(ids) * len(g) for ids, g in zip(prompt_ids, groups)),
+            "tokens_completion": sum(len(c.token_ids) for g in groups for c in g)}
 
 
 def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, extra_state: dict[str, Any]) -> Path:
@@ -523,7 +547,16 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
 
-    tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world, is_level)
+    try:
+        tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world, is_level)
+    except torch.OutOfMemoryError:
+        free, total = torch.cuda.mem_get_info(world.device) if world.device.type == "cuda" else (0, 0)
+        raise TrainError(
+            f"out of GPU memory while loading the policy, reference, reward model and optimizer ({total / 2**30:.0f} GiB card, "
+            f"{world.world_size} GPU(s)): shard the model states over more GPUs (backend.zero_stage: 3), move the optimizer "
+            f"to CPU (backend.offload_optimizer: true), or put the reward model on another device (reward.device); "
+            f"`tea train RECIPE --estimate` says what fits"
+        ) from None
     on_rank0(world, commit_run_dir, run, recipe, resume, data_report)
     if resume.restart:
         say(world, resume.note(run, recipe))
@@ -571,6 +604,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             t_step = time.perf_counter()
             backend.peak_memory_gib(world.device)  # CUDA: count this step's peaks from here
             phase = "generation (rollout.batch_size, rollout.max_new_tokens)"
+            scored = getattr(reward, "tokens_scored", None)  # a reward model counts the tokens it scores
             rollout.wake()
             with backend.generation_weights(engine, recipe.backend.zero_stage):
                 sel, position, t_gen, t_rew = generate_step(rollout, reward, train_prompts, recipe, world, step, position)
@@ -594,7 +628,8 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             t_sync = time.perf_counter() - t0
             peaks.append(backend.peak_memory_gib(world.device))
             if peaks[0] is not None:  # CUDA: torch.cuda.max_memory_allocated of the step and of its training phase
-                memory.update(gpu_peak_gib=max(peaks), gpu_peak_train_gib=peaks[1])
+                memory.update(gpu_peak_gib=max(peaks), gpu_peak_train_gib=peaks[1],
+                              gpu_held_gib=torch.cuda.memory_allocated(world.device) / 2**30)  # what stays between steps
             lengths = torch.tensor([len(c.token_ids) for g in groups for c in g], dtype=torch.float32)
             elapsed = time.perf_counter() - t_step
             record = {
@@ -614,12 +649,17 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
                 **sel.stats,  # dynamic sampling: rounds, dropped and filled groups
                 **tail_check_stats(rewards),  # the groups' upper-tail QQ R² (docs/diagnostics.md)
                 **memory,  # checkpointed layers; CUDA: the estimated and measured peaks (GiB)
+                **token_counts(prompt_ids, groups),  # what each phase processed (benchmarks/phases.py: the floors)
             }
+            if scored is not None:
+                record["tokens_reward"] = reward.tokens_scored - scored
             # The norm is global (the same on every rank), and so is whether the clip bound.
             record["grad_clipped"] = recipe.optim.max_grad_norm > 0 and stats["grad_norm"] > recipe.optim.max_grad_norm
             local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
             record["prompts"] = round(record["prompts"] * world.world_size)  # all ranks together
             record["optimizer_step"], record["grad_clipped"] = round(record["optimizer_step"]), record["grad_clipped"] > 0.5
+            if recipe.rehearsal.enabled:
+                record["rehearsal"] = True  # random weights: for time and memory only
             sink.write(record, local=local)
             if world.is_main and record.get("dynamic_filled_groups", 0) > 0:
                 sink.note(
@@ -650,12 +690,16 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     from teacli.train import backend
 
     if recipe.validation.enabled:
+        t0 = time.perf_counter()
         result = _validation(engine, rollout, reward, val_prompts, recipe)
+        result["time_validation"] = time.perf_counter() - t0
     # data_position: prompts of the data order consumed so far (step × P unless dynamic sampling drew more).
+    t0 = time.perf_counter()
     save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": position})
+    t_save = time.perf_counter() - t0
     if world.is_main:
         if recipe.validation.enabled:
-            sink.validation({"step": step, **result})
+            sink.validation({"step": step, **result, "time_checkpoint": t_save})
             selected = run.update_selection()
             sink.note(f"step {step}: validation {result['score']:.4f}; selected step {selected['step']}")
         run.prune(recipe.checkpoint.keep_last)

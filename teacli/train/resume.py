@@ -100,9 +100,11 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
     from teacli.data.load import split_sha256
 
     d = recipe.data
-    data = {"train": split_sha256(d.dir, d.train_split)}
-    if recipe.validation.enabled:
-        data["validation"] = split_sha256(d.dir, d.val_split)
+    data = {}
+    if not recipe.rehearsal.enabled:  # a rehearsal's prompts are stand-ins, written the same way every time
+        data["train"] = split_sha256(d.dir, d.train_split)
+        if recipe.validation.enabled:
+            data["validation"] = split_sha256(d.dir, d.val_split)
     if not run.recipe.exists():
         return Start(0, None, False, {}, data)
     before = parse_yaml(run.recipe.read_text(), str(run.recipe)) or {}

