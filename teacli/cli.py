@@ -260,6 +260,9 @@ def train(
     run_dir: str = typer.Option(None, "--run-dir", help="Run directory (default: runs/<recipe name>, runs/<recipe name>-rehearsal with --rehearse). An existing one is resumed."),
     rehearse: bool = typer.Option(False, "--rehearse", help="Rehearse with shape-exact stand-ins (random weights, stand-in tokenizer and prompts) to measure time and memory; not evidence (docs/reproducing.md)."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Train this many steps (sets optim.steps)."),
+    estimate: bool = typer.Option(False, "--estimate", help="Print the predicted time per phase, peak memory a GPU and GPU-hours of the run; train nothing (docs/reproducing.md)."),
+    card: str = typer.Option("h100", "--card", help="With --estimate: h100 or h200."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="With --estimate: GPUs the run trains on."),
 ) -> None:
     """Train a policy with the recipe's advantage rule; resumes an existing run directory.
 
@@ -275,6 +278,14 @@ def train(
         r = load_recipe(find_recipe(recipe), set_)
     except RecipeError as exc:
         _fail(str(exc))
+    if estimate:
+        from teacli.planner import estimate as predict, format_estimate
+
+        try:
+            typer.echo(format_estimate(predict(r, gpus=gpus, card=card)))
+        except ValueError as exc:
+            _fail(str(exc))
+        return
     from teacli.data.errors import DataError
     from teacli.train.errors import Interrupted, TrainError
     from teacli.rundir import check_run_dir_path
@@ -323,6 +334,9 @@ def study(
         "the report is left out until a run without --seeds.",
     ),
     status_every: float = typer.Option(300.0, "--status-every", help="Seconds between progress summaries on stderr (0: none)."),
+    estimate: bool = typer.Option(False, "--estimate", help="Print each run's predicted time and peak memory and the study's GPU-hours; run nothing (docs/reproducing.md)."),
+    card: str = typer.Option("h100", "--card", help="With --estimate: h100 or h200."),
+    gpus_per_run: int = typer.Option(8, "--gpus-per-run", min=1, help="With --estimate: GPUs each training run takes."),
 ) -> None:
     """Train, evaluate and report a set of recipes as one comparison, skipping finished stages.
 
@@ -333,6 +347,15 @@ def study(
     from teacli.config import RecipeError, find_study
     from teacli.study import StagesFailed, StudyError, StudyInterrupted, load_study, parse_gpus, run_study
 
+    if estimate:
+        from teacli.planner import estimate_study, format_study
+
+        try:
+            s = load_study(find_study(study_file))
+            typer.echo(format_study(s.name, estimate_study(s, gpus=gpus_per_run, card=card)))
+        except (StudyError, RecipeError, ValueError) as exc:
+            _fail(str(exc))
+        return
     try:
         ran = run_study(
             load_study(find_study(study_file), launcher=launcher), dry_run=dry_run, echo=typer.echo,

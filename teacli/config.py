@@ -209,7 +209,7 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["hf", "vllm", "auto"] = field("hf", "Generation engine; 'auto' = vllm when importable, else hf.")
+    engine: Literal["hf", "vllm", "auto"] = field("hf", "Generation engine; 'auto' = hf, except vllm where it is installed on a CUDA machine and was measured faster: a policy of at least 3B parameters generating at most 128 sequences a call on a GPU (docs/reproducing.md).")
     prompts_per_step: int = field(8, "P: prompts sampled per training step.", ge=1)
     group_size: int = field(64, "m: rollouts per prompt (the advantage rule's group).", ge=2)
     max_new_tokens: int = field(512, "Maximum generated tokens per rollout (stop at EOS).", ge=1)
@@ -257,8 +257,8 @@ class RolloutConfig:
         "leaves after the weights and activations (null); checked against the free memory at start-up. 'auto' = what "
         "one generation call's sequences can hold at once (tea train: the larger of a rank's prompts x group_size and "
         "validation.prompts x validation.samples, each "
-        "data.max_prompt_tokens + rollout.max_new_tokens long, plus 25%), where that is at most half the engine's "
-        "share; a smaller cache wakes faster after sleep (docs/vllm.md).",
+        "data.max_prompt_tokens + rollout.max_new_tokens long, plus 25%), capped at half the engine's share after the "
+        "weights (the cap where the sequences are not known); a smaller cache wakes faster after sleep (docs/vllm.md).",
         gt=0.0,
     )
     sleep: bool = field(True, "vllm: sleep while training (weights and KV cache released), wake for generation (GPU only).")

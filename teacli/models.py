@@ -435,6 +435,32 @@ def load_tokenizer(cfg: "PolicyConfig", *, key: str = "policy", chat_template_re
     return tokenizer
 
 
+STANDIN_MARKER = "tea_standin.json"  # the file that makes a directory a rehearsal's stand-in (teacli/standins)
+
+
+def is_standin(path: "str | Path") -> bool:
+    """Whether `path` is a stand-in directory (`teacli.standins.model_dir`): a config and a tokenizer, no weights."""
+    return (Path(path) / STANDIN_MARKER).is_file()
+
+
+def random_model(path: "str | Path", kind: str, dtype: "torch.dtype", device: "torch.device", **kwargs: Any) -> Any:
+    """The stand-in's model with random weights, built on `device` in `dtype`: kind 'causal_lm' or 'reward'
+    (a sequence classifier with one label). kwargs go to `from_config` (attn_implementation)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    kwargs = {k: v for k, v in kwargs.items() if k in ("attn_implementation", "trust_remote_code")}
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=kwargs.get("trust_remote_code", False))
+    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
+    if kind != "causal_lm":
+        config.num_labels = 1
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.device(device):  # the caller's random streams stay as they were
+        torch.manual_seed(0)  # the same stand-in weights in every process and rank
+        model = cls.from_config(config, dtype=dtype, **kwargs)
+    return model.eval()
+
+
 def load_policy(
     cfg: "PolicyConfig", dtype: "str | torch.dtype | None" = None, device: "str | torch.device | None" = None,
     *, key: str = "policy",
@@ -447,8 +473,6 @@ def load_policy(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from teacli import standins
-
     device = torch.device(device or "cpu")
     torch_dtype = resolve_dtype(dtype if dtype is not None else cfg.dtype, device)
     path, kwargs = resolve_source(cfg, key)
@@ -456,8 +480,8 @@ def load_policy(
         if cfg.attn_implementation == SDPA_GQA:
             register_sdpa_gqa()
         kwargs["attn_implementation"] = cfg.attn_implementation
-    if standins.is_standin(path):  # a rehearsal: random weights of the model's shape, built on the device
-        return standins.random_model(path, "causal_lm", torch_dtype, device, **kwargs)
+    if is_standin(path):  # a rehearsal: random weights of the model's shape, built on the device
+        return random_model(path, "causal_lm", torch_dtype, device, **kwargs)
     if "gguf_file" in kwargs:
         kwargs.update(_gguf_kwargs())
     with load_errors(f"{key}.name_or_path", cfg.name_or_path, path):

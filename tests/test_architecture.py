@@ -25,13 +25,15 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"advantages"},  # validating advantage.name runs the rule once
     "models": {"config", "logprobs"},  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
     "lora": {"config"},
+    "standins": {"config", "models"},  # a rehearsal's stand-ins: model configs, tokenizer and prompts; model sizes
     "rewards": {"config", "types", "models"},
-    "rollout": {"config", "types", "models", "logprobs", "kernels", "lora"},  # kernels: the hf engine keeps liger out of generation
-    "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics"},
-    "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir"},
+    "rollout": {"config", "types", "models", "logprobs", "kernels", "lora", "standins"},  # standins: the policy's size for engine auto  # kernels: the hf engine keeps liger out of generation
+    "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics", "standins"},
+    "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir", "standins"},
     "report": {"eval", "rundir", "diagnostics", "config"},  # config: seeds of one method compare as the schema resolves them
     "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval"},
-    "study": {"config", "rundir", "data"},  # data: the split names prepare-data writes (eval.split is checked on load)
+    "study": {"config", "rundir", "data"},
+    "planner": {"config", "standins", "rollout", "train"},  # rollout: engine auto's rule; train: the activation estimate  # data: the split names prepare-data writes (eval.split is checked on load)
 }
 # Modules of a unit that others may reach into although the unit as a whole sits higher.
 PURE = {

@@ -327,6 +327,12 @@ def evaluate(
     prompts = _split_prompts(loaded, split, data_dir)  # a wrong --split fails before anything is created
     files = EvalFiles.of(ckpt.eval_dir, split, M)
     settings = _settings(recipe, run, ckpt, split, M, overrides)
+    if recipe.rollout.engine == "auto":
+        from teacli.rollout.factory import AUTO_WITHOUT_CHOICE, recipe_engine
+
+        engine, why = recipe_engine(recipe, max(M, recipe.rollout.batch_size))
+        if why not in AUTO_WITHOUT_CHOICE:
+            log(f"rollout.engine auto: {engine} ({why})")
     ckpt.eval_dir.mkdir(parents=True, exist_ok=True)
     busy = f"another `tea eval-bon` is writing {ckpt.eval_dir} (lock {files.lock.name}); wait for it to finish"
     with exclusive(files.lock, busy, EvalError):
@@ -349,9 +355,10 @@ def _split_prompts(recipe: "Recipe", split: str, data_dir: str | None) -> list:
 def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str]) -> dict[str, Any]:
     from teacli.config import JUDGE_KEYS
     from teacli.rollout.base import sampling_settings
-    from teacli.rollout.factory import resolve_engine_name
+    from teacli.rollout.factory import recipe_engine
 
     r, w = recipe.rollout, recipe.reward
+    engine = recipe_engine(recipe, max(M, r.batch_size))[0]
     full = w.settings()  # with the lm_judge keys for a judge: another question gives other rewards
     reward = {k: full[k] for k in ("kind", "name_or_path", "function", "revision", "max_length", "params", *JUDGE_KEYS) if k in full}
     return {
@@ -364,7 +371,7 @@ def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int,
         "reward": reward,
         "max_prompt_tokens": recipe.data.max_prompt_tokens,
         # Recorded, not compared: they change speed or the random stream, not the distribution.
-        "engine": resolve_engine_name(r.engine),
+        "engine": engine,
         "rollout_batch_size": r.batch_size,
         "score_batch_size": recipe.eval.score_batch_size,
         "overrides": list(overrides),
@@ -466,7 +473,7 @@ def _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_
             raise EvalError(str(exc)) from None
         # The options reach the vllm engine only; it starts from placeholder weights and gets the
         # checkpoint's through load_weights (a no-op for the hf engine, which samples with `model`).
-        engine = build_engine(recipe.rollout, model, tokenizer, policy=policy_cfg, seed=recipe.seed,
+        engine = build_engine(dataclasses.replace(recipe.rollout, engine=settings["engine"]), model, tokenizer, policy=policy_cfg, seed=recipe.seed,
                               max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
                               sampler_logprobs=False)  # nothing here reads them (vllm: only the sync check's)
         engine.load_weights(model.named_parameters())

@@ -24,8 +24,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from teacli import standins
-from teacli.models import encode_chat, load_errors, looks_like_path, resolve_dtype
+from teacli.models import encode_chat, is_standin, load_errors, looks_like_path, random_model, resolve_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -93,8 +92,8 @@ class HFRewardModel:
             kwargs["revision"] = revision
         with load_errors("reward.name_or_path", name_or_path, path):
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-            if standins.is_standin(path):  # a rehearsal: random weights of the reward model's shape
-                model = standins.random_model(path, "reward", resolve_dtype(dtype, device), device)
+            if is_standin(path):  # a rehearsal: random weights of the reward model's shape
+                model = random_model(path, "reward", resolve_dtype(dtype, device), device)
             else:
                 model = AutoModelForSequenceClassification.from_pretrained(
                     path, num_labels=1, dtype=resolve_dtype(dtype, device), **kwargs

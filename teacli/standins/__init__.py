@@ -9,7 +9,7 @@ stand in for what the hub and the data would give:
     directory with a config.json works too. `model_dir(name)` writes `$TEA_CACHE/standins/<slug>/`:
     that config, a stand-in tokenizer and a marker file; the loaders (`teacli.models.load_policy`,
     `teacli.rewards.hf`) build the model from the config with random weights, directly on the device
-    (`random_model`).
+    (`teacli.models.random_model`).
   * **Tokenizer.** A word-level tokenizer covering the config's whole vocabulary (token i is the word
     `t<i>`, the config's BOS/EOS/pad ids are special tokens), so that every sampled id decodes to one
     word, and a reward model with the same vocabulary re-tokenizes the text to the same number of
@@ -32,16 +32,16 @@ import random
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import torch
+from teacli.models import STANDIN_MARKER
 
+if TYPE_CHECKING:
     from teacli.config import Recipe
 
 CONFIGS = Path(__file__).resolve().parent
-MARKER = "tea_standin.json"
 _ROLE_TOKENS = ("<|unk|>", "<|system|>", "<|user|>", "<|assistant|>")
 _PROMPT_WORDS = 100_000  # prompt words are drawn from the first ids, below every shipped vocabulary's specials
 # Stand-in split sizes: what the real splits of tea prepare-data hold, enough prompts for any step and validation.
@@ -85,27 +85,22 @@ def model_dir(name: str, key: str = "policy") -> Path:
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "--", Path(name).name if Path(name).is_absolute() else name).strip("-")
     out = cache_dir() / "standins" / f"{slug}-{digest}"
-    if (out / MARKER).is_file():
+    if (out / STANDIN_MARKER).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         make_tokenizer(config).save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps({"stands_in_for": name, "weights": "random"}) + "\n")
+        (tmp / STANDIN_MARKER).write_text(json.dumps({"stands_in_for": name, "weights": "random"}) + "\n")
         try:
             tmp.rename(out)
         except OSError:  # another process wrote it first
-            if not (out / MARKER).is_file():
+            if not (out / STANDIN_MARKER).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def is_standin(path: "str | Path") -> bool:
-    """Whether `path` is a stand-in directory written by `model_dir`."""
-    return (Path(path) / MARKER).is_file()
 
 
 def _ids(value: Any) -> list[int]:
@@ -152,22 +147,49 @@ def make_tokenizer(config: dict[str, Any]) -> Any:
     return fast
 
 
-def random_model(path: "str | Path", kind: str, dtype: "torch.dtype", device: "torch.device", **kwargs: Any) -> Any:
-    """The stand-in's model with random weights, built on `device` in `dtype`: kind 'causal_lm' or 'reward'
-    (a sequence classifier with one label). kwargs go to `from_config` (attn_implementation)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+# ------------------------------------------------------------------------------------------------
+# Sizes, from the same configs (teacli/planner.py, rollout.engine: auto)
 
-    kwargs = {k: v for k, v in kwargs.items() if k in ("attn_implementation", "trust_remote_code")}
-    config = AutoConfig.from_pretrained(str(path), trust_remote_code=kwargs.get("trust_remote_code", False))
-    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
-    if kind != "causal_lm":
-        config.num_labels = 1
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.device(device):  # the caller's random streams stay as they were
-        torch.manual_seed(0)  # the same stand-in weights in every process and rank
-        model = cls.from_config(config, dtype=dtype, **kwargs)
-    return model.eval()
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder's sizes, read from a transformers config (dict)."""
+
+    params: int  # every parameter, tied embeddings once
+    matmul_params: int  # parameters a token's forward multiplies by: all but the input embedding (the head stays)
+    layers: int
+    attn_dim: int  # heads x head size
+    kv_dim: int  # KV heads x head size
+    hidden: int
+    intermediate: int
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], classifier: bool = False) -> "Shape":
+        c = config.get("text_config") or config
+        h, L, V = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
+        heads = int(c["num_attention_heads"])
+        hd = int(c.get("head_dim") or h // heads)
+        kv = int(c.get("num_key_value_heads") or heads) * hd
+        f = int(c["intermediate_size"])
+        qk_norm = 2 * hd if c.get("model_type", "").startswith("qwen3") else 0
+        layer = 2 * h * heads * hd + 2 * h * kv + 3 * h * f + 2 * h + qk_norm
+        tied = bool(c.get("tie_word_embeddings", False))
+        head = h * int(c.get("num_labels", 1)) if classifier else (0 if tied else V * h)
+        params = L * layer + V * h + h + head
+        matmul = L * layer + (h * int(c.get("num_labels", 1)) if classifier else V * h)
+        return cls(params, matmul, L, heads * hd, kv, h, f)
+
+    def forward_flops(self, tokens: float, context: float) -> float:
+        """FLOPs of a forward over `tokens` tokens whose sequences are `context` tokens long on average."""
+        return tokens * (2 * self.matmul_params + 4 * self.layers * self.attn_dim * context / 2)
+
+    def kv_bytes_per_token(self, itemsize: int = 2) -> int:
+        return self.layers * self.kv_dim * 2 * itemsize
+
+
+def model_shape(name: str, key: str, classifier: bool = False) -> Shape:
+    """The shape of model `name` (a hub id tea knows or a local directory); ValueError naming `key` otherwise."""
+    return Shape.from_config(_config_for(name, key), classifier)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -22,10 +22,13 @@ Multi-process: `prompts_per_step` is global; each rank takes its share of the st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import random
 import shutil
+import sys
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -195,9 +198,10 @@ def shares_prompts(recipe: "Recipe", engine, reference) -> bool:
     return recipe.optim.share_prompts and can_share_prompts(engine) and ref_ok
 
 
-def _setup(recipe: "Recipe", world, is_level: str):
+def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
     """Models, reward, data, engines: everything the loop needs, built once. is_level: the resolved
-    rollout.is_correction (the vllm engine returns every sampled token's log-prob only where it is on)."""
+    rollout.is_correction (the vllm engine returns every sampled token's log-prob only where it is on);
+    engine_name: rollout.engine as resolved (`teacli.rollout.factory.recipe_engine`)."""
     import torch
 
     from teacli import models
@@ -266,7 +270,7 @@ def _setup(recipe: "Recipe", world, is_level: str):
         trainer_bytes += sum(p.numel() * p.element_size() for p in module.parameters() if p.device == world.device)
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
     rollout = build_rollout(
-        recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
+        dataclasses.replace(recipe.rollout, engine=engine_name), engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
         sampler_logprobs=is_level != "off",  # every sampled token's log-prob only where the correction reads them
         max_sequences=max(local_seqs, validation_sequences(recipe, val_prompts)),  # one call's most (rollout.kv_cache_gib: auto)
@@ -499,16 +503,20 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     the last complete checkpoint; it refuses a recipe that changes the experiment and data that changed
     since the run started, and takes changed execution keys (the resume rules, teacli/train/resume.py).
     """
-    from teacli.rollout.factory import resolve_engine_name
+    from teacli.rollout.factory import AUTO_WITHOUT_CHOICE, recipe_engine
     from teacli.train import backend
     from teacli.train.importance import resolve_is_correction
     from teacli.train.progress import check_trackers
 
     check_trackers(recipe)  # an uninstalled tracker fails before any model is loaded
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    engine, why = recipe_engine(recipe, recipe.rollout.prompts_per_step // max(world_size, 1) * recipe.rollout.group_size)
     try:  # the importance correction the engine that will run needs (before any model is loaded)
-        is_level = resolve_is_correction(recipe.rollout.is_correction, resolve_engine_name(recipe.rollout.engine))
+        is_level = resolve_is_correction(recipe.rollout.is_correction, engine)
     except ValueError as exc:
         raise TrainError(str(exc)) from None
+    if recipe.rollout.engine == "auto" and why not in AUTO_WITHOUT_CHOICE and os.environ.get("RANK", "0") == "0":
+        print(f"rollout.engine auto: {engine} ({why})", file=sys.stderr, flush=True)
     world = backend.init_world()
     if recipe.policy.kernels == "liger":  # the library and the device, before any model is loaded (the architecture: in setup)
         from teacli.kernels import require_liger
@@ -528,13 +536,13 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
             say(world, f"{run.path} is already complete at step {start.step} (optim.steps={recipe.optim.steps}); "
                         f"raise optim.steps to train further")
         else:
-            _train_steps(recipe, run, world, start, is_level)
+            _train_steps(recipe, run, world, start, is_level, engine)
     if world.world_size > 1:  # every rank finished: tear the group down now, or a rank can abort at interpreter exit
         backend.close_world()  # ("terminate called without an active exception", exit -6) after a complete run
     return run.path
 
 
-def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level: str) -> None:
+def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level: str, engine_name: str) -> None:
     """Set up, write the run's files (every check has passed by then), restore a resumed run's state, train."""
     import torch
 
@@ -548,7 +556,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     random.seed(recipe.seed + world.rank)
 
     try:
-        tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world, is_level)
+        tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world, is_level, engine_name)
     except torch.OutOfMemoryError:
         free, total = torch.cuda.mem_get_info(world.device) if world.device.type == "cuda" else (0, 0)
         raise TrainError(
@@ -658,6 +666,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
             record["prompts"] = round(record["prompts"] * world.world_size)  # all ranks together
             record["optimizer_step"], record["grad_clipped"] = round(record["optimizer_step"]), record["grad_clipped"] > 0.5
+            record["world_size"] = world.world_size
             if recipe.rehearsal.enabled:
                 record["rehearsal"] = True  # random weights: for time and memory only
             sink.write(record, local=local)

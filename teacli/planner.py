@@ -1,0 +1,318 @@
+"""What a recipe costs before it runs: each phase's floor on a card, predicted time, peak memory, GPU-hours.
+
+    tea train RECIPE --estimate [--gpus N] [--card h100]        one run
+    tea study NAME --estimate [--gpus N] [--card h100]          every run of a study, and its GPU-hours
+
+A phase's **floor** is the least time the card could take for it: its FLOPs at the card's dense bf16 peak,
+or, for generation (one decode step reads every weight and every sequence's KV cache), its bytes at the
+card's memory bandwidth. The **prediction** divides each floor by an efficiency measured on a rehearsal of
+the paper's recipe (`CALIBRATION`, measured by `benchmarks/phases.py` from `tea train --rehearse` runs;
+docs/reproducing.md lists the runs and how far the predictions of the others were off). Rehearsals generate
+every completion to `rollout.max_new_tokens` (random weights almost never stop), so a prediction is for the
+longest steps a recipe can take; trained models stop earlier.
+
+Model shapes come from the configs tea ships for the paper's models (`teacli.standins`) or a local directory's
+config.json. Per token, a forward pass costs 2 FLOPs per matrix parameter (every parameter but the input
+embedding; a tied embedding counts once, as the head) plus attention's 4 × layers × heads × head size ×
+(context / 2) for causal attention; backward costs twice the forward (once, for the activation gradients
+only, where LoRA freezes the weights) and a checkpointed layer's forward runs again.
+
+Memory per GPU: the trainer's states (`teacli.train.backend.model_state_bytes`'s rule: 2 bytes a weight, a
+reference copy, 2 of gradient and 12 of optimizer state a trainable parameter, each divided as the ZeRO
+stage shards it), the reward model's weights, and the larger of generation's (vllm: its weights and KV
+cache, sized as `rollout.kv_cache_gib: auto` sizes it; hf: its static cache) and training's activations
+(`backend.activation_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from teacli.config import Recipe
+
+from teacli.standins import Shape, model_shape
+
+_GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s, from the vendor's datasheet
+    bandwidth: float  # HBM bytes/s, from the vendor's datasheet
+    memory_gib: float  # what torch sees free on an idle card
+
+
+CARDS = {
+    "h100": Card("H100 80GB SXM", 989e12, 3.35e12, 79.2),
+    "h200": Card("H200 141GB SXM", 989e12, 4.8e12, 139.8),
+}
+
+# Measured costs (CALIBRATION), from `tea train --rehearse` runs on H200s whose memory was held to an H100's 79.2 GiB
+# and benchmarks/rollout_engines.py at the paper's shapes (docs/performance/2026-11-28-h200x4/; recomputed by
+# `python benchmarks/phases.py RUN... --calibrate`). What is assumed on an H100: the same fractions of its peak
+# FLOP/s (the H200's) and bandwidth (0.7x), the same per-step overheads.
+#   generation, per decode step: the hf engine takes `hf_step_ms` + its bytes at `hf_bw` of the bandwidth
+#     (fitted to the 1B shape at 512 sequences, 8.6 ms, and the 8B shape at 256, 15.0 ms); vLLM (log-probs of the
+#     sampled tokens on, as tea asks) takes the larger of `vllm_step_ms` + `vllm_seq_ms` a live sequence (its
+#     scheduler and sampler bookkeeping: 17.9 ms at 512 sequences of 1B, 16.8 at 256 of 8B) and the same bytes time.
+#     vLLM captures CUDA graphs for at most 512 sequences and the hf engine decodes `rollout.batch_size` at once:
+#     more are decoded in waves.
+#   reward, reference, train: the fraction of the card's peak FLOP/s the forward (and backward) reached at the
+#     paper's shapes; train_lora: an 8B LoRA policy's. With several GPUs each micro-batch costs ZeRO's
+#     communication and hooks on top: `zero2_micro_s` (the 1B shape on 2 GPUs), `zero3_micro_s` (Qwen3-4B on 2).
+#   checkpoint: GB/s written (the model, and the trainer state a full fine-tune resumes from); setup: start-up.
+CALIBRATION: dict[str, float] = {
+    "hf_step_ms": 5.4, "hf_bw": 0.72,
+    "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
+    "reward": 0.571, "reference": 0.562, "train": 0.321, "train_lora": 0.443,
+    "zero2_micro_s": 0.071, "zero3_micro_s": 1.25,
+    "checkpoint_gbps": 0.72, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
+}
+VLLM_GRAPH_SEQS = 512  # vLLM 0.26's largest CUDA-graph batch (min(2 x max_num_seqs, 512)): more run in waves
+# What a vllm engine holds while it generates beyond its weights and KV cache (activations, CUDA graphs), GiB.
+VLLM_OVERHEAD_GIB = 2.0
+# A run fits where its predicted peak is at most this share of the card: Qwen3-4B under ZeRO-3 on two 79.2 GiB cards
+# (predicted 77.2 GiB) ran out of memory in its second step's generation.
+FIT_SHARE = 0.95
+
+
+def lora_params(shape: Shape, r: int, targets: list[str]) -> int:
+    """Trainable parameters of rank-r adapters on `targets` of every layer (r x (inputs + outputs) a matrix)."""
+    h, a, kv, f = shape.hidden, shape.attn_dim, shape.kv_dim, shape.intermediate
+    sizes = {"q_proj": h + a, "k_proj": h + kv, "v_proj": h + kv, "o_proj": a + h, "gate_proj": h + f, "up_proj": h + f, "down_proj": f + h}
+    return shape.layers * r * sum(sizes.get(t, 2 * h) for t in targets)
+
+
+def generation_floor(pol: Shape, card: Card, sequences: float, prompt: float, new: float) -> float:
+    """Seconds to read, at the card's bandwidth, what `new` decode steps of `sequences` sequences at once read: the
+    weights every step, and each sequence's KV cache, `prompt + new/2` tokens long on average."""
+    return new * (2 * pol.params + sequences * (prompt + new / 2) * pol.kv_bytes_per_token()) / card.bandwidth
+
+
+def forward_floor(shape: Shape, card: Card, tokens: float, context: float) -> float:
+    """Seconds of a forward over `tokens` tokens at the card's peak."""
+    return shape.forward_flops(tokens, context) / card.peak_flops
+
+
+def train_floor(pol: Shape, card: Card, tokens: float, context: float, *, lora: bool, checkpointed: int) -> float:
+    """Seconds of the training phase's FLOPs at the card's peak: the forward, the backward (twice the forward; once
+    where LoRA freezes the weights: activation gradients only) and the checkpointed layers' second forward."""
+    return forward_floor(pol, card, tokens, context) * (1 + (1 if lora else 2) + checkpointed / pol.layers)
+
+
+@dataclass
+class Estimate:
+    """One run's prediction on `gpus` cards: seconds per phase of a step, their floors, memory, the whole run."""
+
+    recipe: str
+    card: Card
+    gpus: int
+    engine: str
+    floors: dict[str, float]
+    seconds: dict[str, float]
+    memory_gib: dict[str, float]
+    steps: int
+    validations: int
+    run_s: float
+    eval_s: float
+    fits: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step_s(self) -> float:
+        return sum(v for k, v in self.seconds.items() if k in STEP_PHASES)
+
+    @property
+    def gpu_hours(self) -> float:
+        """Training on `gpus` cards, then its evaluation on one."""
+        return (self.run_s * self.gpus + self.eval_s) / 3600
+
+
+STEP_PHASES = ("generate", "reward", "reference", "train", "sync")
+
+
+def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", prompt_tokens: int | None = None,
+             engine: str | None = None, eval_M: int | None = None, eval_prompts: int | None = None) -> Estimate:
+    """The prediction for `recipe` on `gpus` cards of kind `card` (CARDS). prompt_tokens: the prompts' length after
+    the chat template (default rehearsal.prompt_tokens); engine: hf or vllm (default: what rollout.engine picks on
+    a CUDA machine with vllm installed, `teacli.rollout.factory.auto_engine`)."""
+    from teacli.rollout.factory import auto_engine
+
+    if isinstance(card, str) and card not in CARDS:
+        raise ValueError(f"--card: {card!r} is not one of {', '.join(CARDS)}")
+    if gpus < 1:
+        raise ValueError(f"--gpus: {gpus} must be at least 1")
+    k = CARDS[card] if isinstance(card, str) else card
+    r = recipe.rollout
+    P, m, n = r.prompts_per_step, r.group_size, r.max_new_tokens
+    if P % gpus:
+        raise ValueError(f"rollout.prompts_per_step={P} is not divisible by --gpus {gpus} (each GPU takes whole prompts)")
+    p = prompt_tokens or recipe.rehearsal.prompt_tokens
+    pol = model_shape(recipe.policy.name_or_path, "policy")
+    rm = model_shape(recipe.reward.name_or_path, "reward", classifier=True) if recipe.reward.kind == "hf" else None
+    seqs = P // gpus * m  # a GPU's sequences a step
+    name = engine or (r.engine if r.engine != "auto" else auto_engine(pol.params, seqs)[0])
+    notes: list[str] = []
+    ctx = p + n  # whole sequences: training, reference, reward
+    tokens = seqs * ctx
+
+    cal = CALIBRATION
+    wave = VLLM_GRAPH_SEQS if name == "vllm" else r.batch_size
+
+    def gen_floor(sequences: float) -> float:
+        return generation_floor(pol, k, sequences, p, n)
+
+    def gen_time(sequences: float) -> float:
+        waves = max(1, math.ceil(sequences / wave))
+        live = sequences / waves
+        bytes_s = generation_floor(pol, k, live, p, n) / n / cal[f"{name}_bw"]
+        per_step = (max(cal["vllm_step_ms"] / 1e3 + cal["vllm_seq_ms"] / 1e3 * live, bytes_s) if name == "vllm"
+                    else cal["hf_step_ms"] / 1e3 + bytes_s)
+        return waves * n * per_step
+
+    def reward_floor(sequences: float) -> float:
+        return forward_floor(rm, k, sequences * ctx, ctx) if rm else 0.0
+
+    ckpt = recipe.policy.gradient_checkpointing
+    layers_ckpt = pol.layers if ckpt is True else (0 if ckpt in (False, "auto") else int(ckpt))
+    lora = recipe.policy.lora.enabled
+    floors = {
+        "generate": gen_floor(seqs),
+        "reward": reward_floor(seqs),
+        "reference": forward_floor(pol, k, tokens, ctx) if recipe.kl.beta > 0 else 0.0,
+        "train": train_floor(pol, k, tokens, ctx, lora=lora, checkpointed=layers_ckpt),
+        "sync": 2 * 2 * pol.params / k.bandwidth if name == "vllm" else 0.0,
+    }
+    micro = math.ceil(seqs / recipe.optim.micro_batch_size)
+    zero = 0.0 if gpus == 1 else micro * (cal["zero3_micro_s"] if recipe.backend.zero_stage == 3 else cal["zero2_micro_s"])
+    seconds = {
+        "generate": gen_time(seqs),
+        "reward": floors["reward"] / cal["reward"],
+        "reference": floors["reference"] / cal["reference"],
+        "train": floors["train"] / cal["train_lora" if lora else "train"] + zero,
+        "sync": floors["sync"] / cal["vllm_bw"],
+    }
+    v = recipe.validation
+    val_seqs = v.prompts * v.samples if v.enabled else 0  # every rank validates every prompt
+    floors["validation"] = gen_floor(val_seqs) + reward_floor(val_seqs)
+    seconds["validation"] = gen_time(val_seqs) + reward_floor(val_seqs) / cal["reward"] if val_seqs else 0.0
+    ckpt_bytes = 2 * pol.params + (0 if lora else 16 * pol.params / (gpus if recipe.backend.zero_stage >= 1 else 1))
+    seconds["checkpoint"] = ckpt_bytes / (CALIBRATION["checkpoint_gbps"] * 1e9)
+    steps = recipe.optim.steps
+    every = recipe.checkpoint.save_every
+    saves = steps // every + (1 if steps % every else 0)
+    validations = (saves if v.enabled else 0) + (1 if v.enabled and v.at_start else 0)
+    step_s = sum(seconds[ph] for ph in STEP_PHASES)
+    run_s = cal[f"setup_{name}_s"] + steps * step_s + validations * seconds["validation"] + saves * seconds["checkpoint"]
+    M = eval_M or recipe.eval.M
+    prompts = eval_prompts or _split_size(recipe.eval.split)
+    eval_seqs = prompts * M  # tea eval-bon runs on one GPU
+    eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs) + reward_floor(eval_seqs) / cal["reward"] if prompts else 0.0
+    memory = _memory(recipe, pol, rm, gpus, k, name, seqs, ctx, layers_ckpt)
+    fits = memory["peak"] <= FIT_SHARE * k.memory_gib
+    if not fits:
+        notes.append(f"does not fit: {memory['peak']:.1f} GiB a GPU, more than {FIT_SHARE:.0%} of {k.memory_gib:.1f}; more GPUs shard ZeRO-3 states "
+                     "(backend.zero_stage: 3), or backend.offload_optimizer: true")
+    return Estimate(recipe.name, k, gpus, name, floors, seconds, memory, steps, validations, run_s, eval_s, fits, notes)
+
+
+def _split_size(split: str) -> int:
+    from teacli.standins import SPLIT_PROMPTS
+
+    return SPLIT_PROMPTS.get(split, 0)
+
+
+def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Card, engine: str, seqs: int, ctx: int,
+            layers_ckpt: int) -> dict[str, float]:
+    from teacli.train.backend import activation_bytes
+
+    b = recipe.backend
+    lora = recipe.policy.lora.enabled
+    n_train = lora_params(pol, recipe.policy.lora.r, recipe.policy.lora.target_modules) if lora else pol.params
+    shard3 = gpus if b.zero_stage == 3 else 1
+    states = (2 * pol.params / shard3
+              + (2 * pol.params if recipe.kl.beta > 0 and not lora else 0)
+              + 2 * n_train / (gpus if b.zero_stage >= 2 else 1)
+              + (0 if b.offload_optimizer else 12 * n_train / (gpus if b.zero_stage >= 1 else 1)))
+    reward = 2 * rm.params if rm else 0
+    held = states + reward
+    mb = recipe.optim.micro_batch_size
+    train_act = activation_bytes(mb * ctx, pol.layers, pol.hidden, pol.intermediate, layers_ckpt)
+    if engine == "vllm":
+        share = 0.9 * max(0.0, card.memory_gib * _GiB - held)
+        v = recipe.validation  # rollout.kv_cache_gib: auto, as the engine sizes it (teacli/rollout/vllm_engine.py)
+        longest = max(seqs, v.prompts * v.samples if v.enabled else 0)
+        need = longest * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens) * pol.kv_bytes_per_token() * 1.25
+        kv = min(need, 0.5 * max(0.0, share - 2 * pol.params))
+        gen = 2 * pol.params + kv + VLLM_OVERHEAD_GIB * _GiB
+    else:
+        gen = seqs * ctx * pol.kv_bytes_per_token()  # the static cache of a step's sequences in one batch
+    if b.zero_stage == 3 and gpus > 1:  # generation gathers the sharded weights whole (bf16) beside the shards
+        gen += 2 * pol.params
+    return {"states": states / _GiB, "reward_model": reward / _GiB, "generation": gen / _GiB,
+            "train_activations": train_act / _GiB, "peak": (held + max(gen, train_act)) / _GiB}
+
+
+def format_estimate(e: Estimate) -> str:
+    """A table of one estimate, as `tea train --estimate` prints it."""
+    lines = [f"{e.recipe} on {e.gpus} x {e.card.name} ({e.engine} engine), per GPU and step:",
+             "| phase | floor s | predicted s | predicted / floor |", "|---|---|---|---|"]
+    for ph in (*STEP_PHASES, "validation", "checkpoint"):
+        f = e.floors.get(ph)
+        s = e.seconds[ph]
+        if not s:
+            continue
+        lines.append(f"| {ph} | {f:.2f} | {s:.2f} | {s / f:.1f}x |" if f else f"| {ph} | – | {s:.2f} | – |")
+    m = e.memory_gib
+    lines.append(f"step {e.step_s:.1f} s; {e.steps} steps, {e.validations} validations: {_hms(e.run_s)} of training, "
+                 f"{_hms(e.eval_s)} of eval-bon; {e.gpu_hours:.1f} GPU-hours")
+    lines.append(f"memory a GPU: peak {m['peak']:.1f} GiB of {e.card.memory_gib:.1f} (trainer states {m['states']:.1f}, reward model "
+                 f"{m['reward_model']:.1f}, generation {m['generation']:.1f}, training activations {m['train_activations']:.1f})"
+                 + ("" if e.fits else " — DOES NOT FIT"))
+    lines += e.notes
+    return "\n".join(lines)
+
+
+def _hms(seconds: float) -> str:
+    h, rest = divmod(int(round(seconds)), 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def estimate_study(study: Any, *, gpus: int = 1, card: str = "h100", prompt_tokens: int | None = None) -> list[tuple[str, int, Estimate]]:
+    """(run name, runs of it: its seeds, estimate) for every recipe of a loaded study (teacli.study.Study), each run
+    trained on `gpus` cards and evaluated with the study's split and N on one."""
+    from teacli.config import load_recipe
+
+    out = []
+    for path, name in zip(study.recipes, study.runs):
+        recipe = load_recipe(path, runnable=False)
+        usable = max(g for g in range(1, gpus + 1) if recipe.rollout.prompts_per_step % g == 0)  # whole prompts a GPU
+        e = estimate(recipe, gpus=usable, card=card, prompt_tokens=prompt_tokens, eval_M=study.n,
+                     eval_prompts=_split_size(study.split))
+        if usable < gpus:
+            e.notes.append(f"{name}: {usable} GPUs, not {gpus}: rollout.prompts_per_step={recipe.rollout.prompts_per_step} "
+                           "gives each GPU whole prompts")
+        out.append((name, len(study.seeds) if study.seeds else 1, e))
+    return out
+
+
+def format_study(name: str, rows: list[tuple[str, int, Estimate]]) -> str:
+    """The table `tea study --estimate` prints: per recipe, then the study's GPU-hours."""
+    first = rows[0][2]
+    lines = [f"study {name} on {first.card.name} cards (prompts of the rehearsal's length; every completion to "
+             "rollout.max_new_tokens):", "| run | runs | GPUs | engine | step s | training a run | eval-bon a run | peak GiB a GPU | fits | GPU-hours |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    total = 0.0
+    for run, count, e in rows:
+        hours = e.gpu_hours * count
+        total += hours
+        lines.append(f"| {run} | {count} | {e.gpus} | {e.engine} | {e.step_s:.1f} | {_hms(e.run_s)} | {_hms(e.eval_s)} | "
+                     f"{e.memory_gib['peak']:.1f} | {'yes' if e.fits else 'NO'} | {hours:.1f} |")
+    lines.append(f"total: {total:.1f} GPU-hours; {_hms(sum((e.run_s + e.eval_s) * c for _, c, e in rows))} with the runs one "
+                 "after another, each on its GPUs")
+    lines += [note for _, _, e in rows for note in e.notes]
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""The cost planner's arithmetic (teacli/planner.py), `tea train/study --estimate`, and `rollout.engine: auto`'s rule.
+Expected values are worked out here from the shapes and the formulas in the module docstring."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from teacli import planner
+from teacli.standins import CONFIGS
+
+
+def _shape(name: str, classifier: bool = False) -> planner.Shape:
+    return planner.Shape.from_config(json.loads((CONFIGS / f"{name}.json").read_text()), classifier)
+
+
+@pytest.mark.parametrize("name, classifier, kind", [
+    ("meta-llama--Llama-3.2-1B-Instruct", False, "causal"),
+    ("Qwen--Qwen3-4B-Instruct-2507", False, "causal"),
+    ("meta-llama--Llama-3.1-8B-Instruct", False, "causal"),
+    ("Skywork--Skywork-Reward-V2-Llama-3.1-8B", True, "classifier"),
+    ("Skywork--Skywork-Reward-V2-Qwen3-8B", True, "classifier"),
+])
+def test_parameter_counts_are_the_models_transformers_builds(name, classifier, kind):
+    """Shape's closed form against the model transformers builds from the same config (on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = AutoConfig.for_model(**json.loads((CONFIGS / f"{name}.json").read_text()))
+    cls = AutoModelForSequenceClassification if kind == "classifier" else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = cls.from_config(config)
+    assert _shape(name, classifier).params == sum(p.numel() for p in model.parameters())
+
+
+def test_floors_follow_from_the_shape_and_the_card():
+    """1B shape on an H100: 512 sequences decoding 512 tokens after 256-token prompts read the 2.47 GB of weights and
+    512 x (256 + 256) x 32 KiB of KV cache each step; a forward costs 2 FLOPs a token for each parameter it multiplies
+    by (all 1,235,814,400 but the final norm's 2,048: the tied embedding counts once, as the head) plus attention's
+    4 x 16 x 2048 x (768 / 2); training with every layer checkpointed is 4 forwards (LoRA: 3)."""
+    pol = _shape("meta-llama--Llama-3.2-1B-Instruct")
+    card = planner.CARDS["h100"]
+    kv = 16 * 8 * 64 * 2 * 2
+    assert pol.kv_bytes_per_token() == kv == 32 * 1024
+    step_bytes = 2 * 1_235_814_400 + 512 * (256 + 256) * kv
+    assert planner.generation_floor(pol, card, 512, 256, 512) == pytest.approx(512 * step_bytes / 3.35e12)
+    tokens = 512 * 768
+    flops = tokens * (2 * (1_235_814_400 - 2048) + 4 * 16 * 2048 * 768 / 2)
+    assert planner.forward_floor(pol, card, tokens, 768) == pytest.approx(flops / 989e12)
+    full = planner.train_floor(pol, card, tokens, 768, lora=False, checkpointed=16)
+    lora = planner.train_floor(pol, card, tokens, 768, lora=True, checkpointed=16)
+    assert full == pytest.approx(4 * flops / 989e12) and lora == pytest.approx(3 * flops / 989e12)
+    assert planner.train_floor(pol, card, tokens, 768, lora=False, checkpointed=0) == pytest.approx(3 * flops / 989e12)
+
+
+def test_estimate_of_the_paper_recipe_adds_up():
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
+    e = planner.estimate(r, gpus=1, card="h100", engine="hf")
+    assert e.step_s == pytest.approx(sum(e.seconds[p] for p in planner.STEP_PHASES))
+    saves = 450 // 25
+    assert e.validations == saves + 1  # every checkpoint, and the untrained policy
+    cal = planner.CALIBRATION
+    expected = cal["setup_hf_s"] + 450 * e.step_s + e.validations * e.seconds["validation"] + saves * e.seconds["checkpoint"]
+    assert e.run_s == pytest.approx(expected)
+    assert e.gpu_hours == pytest.approx((e.run_s + e.eval_s) / 3600)
+    # more GPUs: fewer sequences a GPU, less time a step, ZeRO's per-micro-batch cost on top
+    e8 = planner.estimate(r, gpus=8, card="h100", engine="hf")
+    assert e8.seconds["reward"] == pytest.approx(e.seconds["reward"] / 8)
+    micro = 8 // 8 * 64 // 8  # a GPU's 64 sequences in micro-batches of 8
+    assert e8.seconds["train"] == pytest.approx(e.seconds["train"] / 8 + micro * cal["zero2_micro_s"])
+    with pytest.raises(ValueError, match=r"^rollout.prompts_per_step=8 is not divisible by --gpus 3"):
+        planner.estimate(r, gpus=3)
+    with pytest.raises(ValueError, match=r"^--card: 'a100' is not one of h100, h200"):
+        planner.estimate(r, card="a100")
+
+
+def test_what_does_not_fit_says_so_and_more_gpus_make_it_fit():
+    """Qwen3-4B full fine-tune under ZeRO-3 with an 8B reward model: 4B x 18 bytes of states (2 of weights, 2 of the
+    reference's, 2 of gradients, 12 of optimizer state) alone pass 80 GB on one card; on two it ran out of memory at its second step (the planner's 95% rule); on four it fits."""
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("uf_qwen4b_tea"), runnable=False)
+    one, two, four = (planner.estimate(r, gpus=g, card="h100") for g in (1, 2, 4))
+    assert not one.fits and not two.fits and four.fits
+    assert one.memory_gib["states"] == pytest.approx(18 * _shape("Qwen--Qwen3-4B-Instruct-2507").params / 2**30, rel=0.01)
+    assert "does not fit" in planner.format_estimate(two) and "DOES NOT FIT" in planner.format_estimate(two)
+
+
+def test_auto_engine_rule():
+    from teacli.rollout.factory import VLLM_MAX_SEQUENCES, VLLM_MIN_PARAMS, auto_engine
+
+    assert auto_engine(1_235_814_400, 512)[0] == "hf"  # the paper's step: the hf engine 2x faster
+    assert auto_engine(8_030_000_000, 256)[0] == "hf"  # level there
+    assert auto_engine(int(VLLM_MIN_PARAMS), VLLM_MAX_SEQUENCES)[0] == "vllm"
+    assert auto_engine(int(VLLM_MIN_PARAMS) - 1, 64)[0] == "hf"
+    engine, why = auto_engine(None, 512)
+    assert engine == "vllm" and "not known" in why
+
+
+def test_estimate_commands(tmp_path):
+    train = subprocess.run([sys.executable, "-m", "teacli.cli", "train", "uf_llama1b_tea", "--estimate", "--gpus", "8"],
+                           capture_output=True, text=True, timeout=120)
+    assert train.returncode == 0, train.stderr
+    assert "uf_llama1b_tea on 8 x H100 80GB SXM" in train.stdout and "GPU-hours" in train.stdout
+    assert not (tmp_path / "runs").exists()
+    bad = subprocess.run([sys.executable, "-m", "teacli.cli", "train", "uf_llama1b_tea", "--estimate", "--card", "a100"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --card: 'a100'") and bad.stderr.count("\n") == 1
+    study = subprocess.run([sys.executable, "-m", "teacli.cli", "study", "uf_core250", "--estimate", "--gpus-per-run", "8"],
+                           capture_output=True, text=True, timeout=120)
+    assert study.returncode == 0, study.stderr
+    assert "| uf_llama1b_tea |" in study.stdout and study.stdout.strip().splitlines()[-1].startswith("total: ")
