@@ -115,3 +115,26 @@ def test_estimate_commands(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert study.returncode == 0, study.stderr
     assert "| uf_llama1b_tea |" in study.stdout and study.stdout.strip().splitlines()[-1].startswith("total: ")
+
+
+def test_the_calibration_is_what_the_committed_rehearsals_measured():
+    """benchmarks/phases.py on the committed rehearsal records gives back planner.CALIBRATION's efficiencies
+    (floor / measured time), so the constants cannot drift from the runs they cite."""
+    import importlib.util
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("phases", repo / "benchmarks" / "phases.py")
+    phases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(phases)
+    runs = repo / "docs" / "performance" / "2026-11-28-h200x4" / "runs"
+    one = phases.measure(runs / "llama1b_vllm", 1, "h200", 2, 79.2)["phases"]
+    cal = planner.CALIBRATION
+    for phase in ("reward", "reference", "train"):
+        assert one[phase]["floor_s"] / one[phase]["s"] == pytest.approx(cal[phase], rel=0.01), phase
+    lora = phases.measure(runs / "llama8b_lora", 1, "h200", 0, 79.2)["phases"]
+    assert lora["train"]["floor_s"] / lora["train"]["s"] == pytest.approx(cal["train_lora"], rel=0.01)
+    # vLLM's time a decode step at 512 (1B) and 256 (8B) sequences: vllm_step_ms + vllm_seq_ms a sequence
+    for ph, seqs in ((one, 512), (lora, 256)):
+        step_ms = ph["generate"]["s"] / 512 * 1e3
+        assert step_ms == pytest.approx(cal["vllm_step_ms"] + cal["vllm_seq_ms"] * seqs, rel=0.02)
