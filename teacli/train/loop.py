@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from teacli.rundir import RunDir, step_dir_name, write_text_atomic, writing
 from teacli.train.checkpoint import save_hf_model
 from teacli.train.errors import Interrupted, TrainError
-from teacli.train.resume import Start, check_run_dir, commit_run_dir, on_rank0, run_lock, say
+from teacli.train.resume import Start, check_run_dir, check_selection, commit_run_dir, on_rank0, run_lock, say
 
 if TYPE_CHECKING:
     import torch
@@ -501,6 +501,8 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     with run_lock(run, world):
         start = on_rank0(world, check_run_dir, run, recipe)
         if start.step >= recipe.optim.steps:
+            if (chosen := on_rank0(world, check_selection, run, recipe)) is not None:
+                say(world, chosen)
             say(world, f"{run.path} is already complete at step {start.step} (optim.steps={recipe.optim.steps}); "
                         f"raise optim.steps to train further")
         else:
@@ -524,7 +526,8 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     random.seed(recipe.seed + world.rank)
 
     tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world, is_level)
-    on_rank0(world, commit_run_dir, run, recipe, resume, data_report)
+    for note in on_rank0(world, commit_run_dir, run, recipe, resume, data_report):
+        say(world, note)
     if resume.restart:
         say(world, resume.note(run, recipe))
     if checkpointing.layers or checkpointing.estimate is not None:  # nothing on a CPU run that checkpoints nothing
