@@ -118,7 +118,8 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
         )
     latest = run.latest_checkpoint()
     step, checkpoint = latest if latest else (0, None)
-    run.read_jsonl(run.metrics)  # every line whole before anything is trained or rewritten (RecordError)
+    for log in (run.metrics, run.ranks):  # every line whole before anything is trained or rewritten (RecordError)
+        run.read_jsonl(log)
     _check_records_kept(run, before, step)
     if "optim.steps" in changed:
         _check_steps(recipe, changed["optim.steps"][0], step)

@@ -158,3 +158,15 @@ def test_a_complete_run_chooses_its_checkpoint_again_when_selected_json_is_stale
     run.selected.write_text("[]")  # damaged: chosen again, not refused
     assert check_selection(run, recipe).startswith("selected.json was damaged (expected a JSON object")
     assert json.loads(run.selected.read_text())["step"] == 4
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume_and_said(recipe, tmp_path):
+    from teacli.train.resume import commit_run_dir
+
+    run = run_dir(tmp_path, recipe, 3, [2], [2])
+    with open(run.metrics, "a") as f:
+        f.write('{"step": 4, "reward_me')  # killed in the middle of step 4's append
+    start = check_run_dir(run, recipe)
+    notes = commit_run_dir(run, recipe, start, {"train": {}, "validation": {}})
+    assert notes == [f"{run.metrics}: dropped its last line, cut short (22 characters with no newline: a write stopped by a kill)"]
+    assert [json.loads(x)["step"] for x in run.metrics.read_text().splitlines()] == [1, 2]
