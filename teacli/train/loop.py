@@ -530,6 +530,8 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
         say(world, note)
     if resume.restart:
         say(world, resume.note(run, recipe))
+        if (chosen := on_rank0(world, check_selection, run, recipe)) is not None:  # stopped while choosing before
+            say(world, chosen)
     if checkpointing.layers or checkpointing.estimate is not None:  # nothing on a CPU run that checkpoints nothing
         say(world, checkpointing.describe())
     # Recorded with every step (an execution key: a resumed run may change it), beside the measured peaks.

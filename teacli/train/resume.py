@@ -233,10 +233,10 @@ def commit_run_dir(run: RunDir, recipe: "Recipe", start: Start, data_report: dic
 
 
 def check_selection(run: RunDir, recipe: "Recipe") -> str | None:
-    """A complete run's selected.json must name the checkpoint its validation rows select: a run that stopped
-    while choosing (after its last checkpoint and validation row were written) would otherwise keep a stale
-    or damaged selection. Chosen again and rewritten when it differs; returns the line that says so. A damaged
-    validation row is a RecordError naming it."""
+    """A restarted run's selected.json must name the checkpoint its validation rows select: a run that stopped
+    while choosing (after a checkpoint and its validation row were written) would otherwise keep a stale or
+    damaged selection, for good once it is complete. Chosen again and rewritten when it differs; returns the
+    line that says so. A damaged validation row is a RecordError naming it."""
     if not recipe.validation.enabled:
         return None
     best = run.selection()
