@@ -800,7 +800,7 @@ def report(
         show_default=False,
         metavar="RUN_DIR",
     ),
-    bootstrap: int = typer.Option(1000, "--bootstrap", min=1, help="Bootstrap resamples."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples (41 or more: a 95% interval's fewest)."),
     bootstrap_levels: str = typer.Option(
         "auto", "--bootstrap-levels", help="What the intervals resample: prompts (the paired prompt bootstrap), seeds-prompts "
         "(two-level: a method's seeds, then prompts, paired across methods with the same seeds) or auto (seeds-prompts when "
@@ -816,7 +816,7 @@ def report(
     n: Optional[int] = typer.Option(None, "--n", min=1, help="M of the evaluation to report (needed only when the runs have several)."),
     checkpoint: str = typer.Option("selected", "--checkpoint", help="Which evaluation: selected (eval/), base (eval/base/) or step_N (eval/step_XXXXXX/)."),
     endpoints: Optional[str] = typer.Option(None, "--endpoints", help="High-N columns, e.g. 64,128,256 (default: the three largest N)."),
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed (>= 0)."),
     base_arm: Optional[Path] = typer.Option(
         None, "--base-arm", help="A run directory whose untrained policy's evaluation (eval/base/, `tea eval-bon --checkpoint "
         "base`) is reported as an arm every run is compared with (run − base at every N).",

@@ -24,20 +24,100 @@ An evaluation is finished when its `<split>-M<M>.bon.json` exists (`finished_eva
 A checkpoint is written into `checkpoints/.tmp_step_XXXXXX/` and renamed into place once
 complete, so a directory named `step_*` is always whole. On resume, metrics and validation lines
 past the checkpoint's step are dropped, so a run killed mid-step never duplicates a line.
+
+The step logs (metrics.jsonl, validation.jsonl, ranks.jsonl) are read strictly (`read_log`): every line
+a JSON object with an integer `step` (and, in validation.jsonl, a finite `score`). The one exception is a
+torn last line (no newline, not JSON: an append stopped by a kill), which a resume drops and says so; any
+other damage is a `RecordError` naming the file and line, and nothing is rewritten.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 CKPT_PREFIX = "step_"
+_FIX = "fix or delete that line (tea writes one JSON object per line), then run the command again"
+
+
+class RecordError(ValueError):
+    """A record file of a run directory that is not as tea writes it; the message names the file (and line)."""
+
+
+@dataclass(frozen=True)
+class Log:
+    """A step log as read: its rows, their lines' text, and the torn last line (None when there is none)."""
+
+    rows: list[dict[str, Any]]
+    lines: list[str]  # the text of each row's line, without its newline
+    torn: str | None
+    ends_whole: bool = True  # the file ends with a newline (or is empty): the next append starts a line
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _decode(path: Path, lineno: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); {_FIX}") from None
+
+
+def _row(path: Path, lineno: int, text: str, score: bool) -> dict[str, Any]:
+    """One line of a step log, checked: a JSON object with an integer step >= 0 (and a finite score)."""
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}:{lineno}: not a JSON line ({exc}); {_FIX}") from None
+    if not isinstance(row, dict):
+        raise RecordError(f"{path}:{lineno}: expected a JSON object, got {text.strip()[:40]}; {_FIX}")
+    step = row.get("step")
+    if not _is_int(step) or step < 0:
+        got = "no 'step'" if "step" not in row else f"'step' {step!r}"
+        raise RecordError(f"{path}:{lineno}: a row needs an integer 'step' >= 0, this one has {got}; {_FIX}")
+    if score:
+        value = row.get("score")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            got = "no 'score'" if "score" not in row else f"'score' {value!r}"
+            raise RecordError(f"{path}:{lineno}: a validation row needs a finite number 'score', this one (step {step}) "
+                              f"has {got}; {_FIX}")
+    return row
+
+
+def read_log(path: Path, score: bool = False) -> Log:
+    """A step log's rows (`score`: validation.jsonl's rows need a finite score). Blank lines are skipped; a
+    last line with no newline that is not JSON is torn (an append stopped by a kill) and returned apart;
+    any other line that is not a row as tea writes it is a RecordError naming the file and line."""
+    path = Path(path)
+    if not path.exists():
+        return Log([], [], None)
+    pieces = path.read_bytes().split(b"\n")
+    rows, lines, torn = [], [], None
+    for lineno, raw in enumerate(pieces, 1):
+        if not raw.strip():
+            continue
+        if lineno == len(pieces):  # the bytes after the last newline (none in a whole file)
+            try:
+                json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                torn = raw.decode("utf-8", errors="replace")
+                continue
+        text = _decode(path, lineno, raw)
+        rows.append(_row(path, lineno, text, score))
+        lines.append(text)
+    return Log(rows, lines, torn, pieces[-1] == b"")
+
+
 _BON_FILE = re.compile(r"^(?P<split>.+)-M(?P<M>\d+)\.bon\.json$")
 
 
@@ -231,47 +311,62 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def truncate_after(self, path: Path, step: int) -> int:
-        """Drop lines whose step is > `step` (and any torn last line); returns lines kept."""
+    def truncate_after(self, path: Path, step: int, note: Callable[[str], None] | None = None) -> int:
+        """Drop lines whose step is > `step`, and a torn last line (said through `note`); returns lines kept.
+        A damaged line elsewhere is a RecordError and the file is left as it was."""
         if not path.exists():
             return 0
-        kept = []
-        for line in path.read_text().split("\n"):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill
-            if int(rec.get("step", 0)) <= step:
-                kept.append(line)
-        write_text_atomic(path, "".join(k + "\n" for k in kept))
+        log = read_log(path, score=path == self.validation)
+        kept = [line for row, line in zip(log.rows, log.lines) if row["step"] <= step]
+        if log.torn is not None and note is not None:
+            note(f"{path}: dropped its last line, cut short ({len(log.torn)} characters with no newline: a write "
+                 "stopped by a kill)")
+        if log.torn is not None or len(kept) < len(log.rows) or not log.ends_whole:
+            write_text_atomic(path, "".join(k + "\n" for k in kept))
         return len(kept)
 
     def read_jsonl(self, path: Path) -> list[dict[str, Any]]:
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().split("\n"):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        """A step log's rows (`read_log`: a torn last line is left out, other damage is a RecordError)."""
+        return read_log(path, score=path == self.validation).rows
 
     # -- selection --------------------------------------------------------------------------
     def read_selected(self) -> dict[str, Any]:
-        return json.loads(self.selected.read_text()) if self.selected.exists() else {}
+        """selected.json ({} when absent), checked: a JSON object with an integer `step` and a string `path`."""
+        if not self.selected.exists():
+            return {}
+        how = "rerun `tea train` on the run to choose again, or pass --checkpoint step_N"
+        try:
+            sel = json.loads(self.selected.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"{self.selected}: not UTF-8 text ({exc.reason} at byte {exc.start}); {how}") from None
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{self.selected}: not valid JSON ({exc}); {how}") from None
+        if not isinstance(sel, dict):
+            raise RecordError(f"{self.selected}: expected a JSON object {{\"step\", \"path\", ...}}, got "
+                              f"{type(sel).__name__} {json.dumps(sel)[:40]}; {how}")
+        if not _is_int(sel.get("step")) or not isinstance(sel.get("path"), str):
+            bad = [k for k, ok in (("step", _is_int(sel.get("step"))), ("path", isinstance(sel.get("path"), str))) if not ok]
+            raise RecordError(f"{self.selected}: needs an integer 'step' and a string 'path' (the selected checkpoint's "
+                              f"directory), got {', '.join(f'{k}={sel.get(k)!r}' for k in bad)}; {how}")
+        return sel
 
-    def update_selection(self) -> dict[str, Any] | None:
-        """selected.json ← the validated checkpoint with the highest score (earliest on ties)."""
+    def selection(self) -> dict[str, Any] | None:
+        """The validated checkpoint with the highest score (earliest on ties) among those still on disk, as
+        selected.json records it; None when there is none. Reads validation.jsonl strictly (RecordError)."""
         rows = [r for r in self.read_jsonl(self.validation) if self.checkpoint(r["step"]).exists()]
         if not rows:
             return None
         best = max(rows, key=lambda r: (r["score"], -r["step"]))
-        sel = {
+        return {
             "step": best["step"],
             "path": f"checkpoints/{step_dir_name(best['step'])}",
             "score": best["score"],
             "rule": best.get("rule", ""),
         }
-        write_text_atomic(self.selected, json.dumps(sel, indent=2) + "\n")
+
+    def update_selection(self) -> dict[str, Any] | None:
+        """selected.json ← `selection()`."""
+        sel = self.selection()
+        if sel is not None:
+            write_text_atomic(self.selected, json.dumps(sel, indent=2) + "\n")
         return sel

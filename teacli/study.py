@@ -235,6 +235,8 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
     split = _text(ev.get("split", "core250"), f"{path}: eval.split")
     n = _positive_int(ev.get("n", 256), f"{path}: eval.n")
     _check_outputs(path, loaded, split, n, checkpoint, endpoints)
+    from teacli.eval.stats import MIN_RESAMPLES
+
     return Study(
         name=name,
         recipes=recipes,
@@ -245,7 +247,7 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
         n=n,
         checkpoint=checkpoint,
         report_out=Path(_text(rep.get("out", f"report/{name}"), f"{path}: report.out")),
-        bootstrap=_positive_int(rep.get("bootstrap", 1000), f"{path}: report.bootstrap"),
+        bootstrap=_positive_int(rep.get("bootstrap", 1000), f"{path}: report.bootstrap", minimum=MIN_RESAMPLES),
         seed=_positive_int(rep.get("seed", 0), f"{path}: report.seed", minimum=0),
         endpoints=endpoints,
         runs_dir=Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir")),

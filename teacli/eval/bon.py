@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -105,7 +106,10 @@ def resolve_checkpoint(run: Path, spec: str, validation: bool = True) -> Checkpo
     if which == "base":
         return Checkpoint("base", None, eval_dir(run, "base"))
     if which == "selected":
-        sel = rd.read_selected()
+        try:
+            sel = rd.read_selected()
+        except ValueError as exc:  # rundir.RecordError: a damaged selected.json, named
+            raise EvalError(str(exc)) from None
         if not sel:
             have = _listing(rd) or "none yet"
             if not validation:
@@ -171,7 +175,9 @@ def derive_seed(seed: int, prompt_id: str) -> int:
 
 def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
     """Every complete record of `path`. A torn last line (no newline: a kill mid-write) is ignored,
-    and cut from the file when `repair` (so the next append starts on a fresh line)."""
+    and cut from the file when `repair` (so the next append starts on a fresh line). Any other line that
+    is not a record as eval-bon writes it (UTF-8 JSON with every key, an integer sample, a finite number
+    reward) is an EvalError naming the file and line."""
     if not path.exists():
         return []
     data = path.read_bytes()
@@ -181,16 +187,28 @@ def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
             f.truncate(end)
             f.flush()
             os.fsync(f.fileno())
+    damaged = "the file is damaged, move it away to re-evaluate"
     out = []
-    for lineno, line in enumerate(data[:end].decode("utf-8").split("\n")[:-1], 1):
+    for lineno, raw in enumerate(data[:end].split(b"\n")[:-1], 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EvalError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                            f"{damaged}") from None
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise EvalError(f"{path}:{lineno}: not a JSON record ({exc}); the file is damaged, move it away to re-evaluate") from None
+            raise EvalError(f"{path}:{lineno}: not a JSON record ({exc}); {damaged}") from None
         if not isinstance(rec, dict) or any(k not in rec for k in RECORD_KEYS):
             raise EvalError(f"{path}:{lineno}: a record needs the keys {', '.join(RECORD_KEYS)}")
+        sample, reward = rec["sample"], rec["reward"]
+        if isinstance(sample, bool) or not isinstance(sample, int):
+            raise EvalError(f"{path}:{lineno}: sample must be an integer, got {sample!r}; {damaged}")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise EvalError(f"{path}:{lineno}: reward must be a finite number, got {reward!r} (prompt "
+                            f"{rec['prompt_id']!r}, sample {sample}); {damaged}")
         out.append(rec)
     return out
 

@@ -36,12 +36,29 @@ without torch; scipy is imported inside the function that needs it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 TIE_TOL = 1e-9
 DEFAULT_RESAMPLES = 1000
+
+
+def min_resamples(level: float = 0.95) -> int:
+    """The fewest resamples for a `level` percentile interval whose ends depend on neither extreme resample.
+
+    numpy's linear percentile puts the lower end at position q·(B − 1) of the B sorted resampled means
+    (0 = the smallest), q = (1 − level)/2, and the upper end symmetrically. Below position 1 the end is
+    interpolated with the smallest mean itself (at B = 1 both ends are the one resampled mean, an interval
+    that need not contain the estimate); from position 1 on it lies on or between interior order statistics,
+    with at least one resampled mean beyond each end. q·(B − 1) ≥ 1 ⇔ B ≥ 1 + 1/q: 41 for a 95% interval.
+    """
+    q = (1.0 - level) / 2.0
+    return math.ceil(1.0 + 1.0 / q - 1e-9)  # 1/q is 39.99999999999996 in floating point for level 0.95
+
+
+MIN_RESAMPLES = min_resamples(0.95)  # 41: what `tea report --bootstrap` accepts
 
 
 def powers_of_two_dividing(M: int) -> list[int]:

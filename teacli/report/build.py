@@ -52,6 +52,7 @@ from teacli.report.read import (  # noqa: F401  (re-exported: the report's readi
     ReportError,
     RunEval,
     available_evals,
+    check_same_reward,
     choose_eval,
     default_report_runs,
     eval_dir,
@@ -456,8 +457,12 @@ def build_report(
             raise ReportError(f"{p}: not a directory")
     if base_arm is not None and any(Path(base_arm).resolve() == p.resolve() for p in runs_paths):
         raise ReportError(f"--base-arm {base_arm}: also given as a RUN_DIR; the base arm is reported from its eval/base/ only")
-    if resamples < 1:
-        raise ReportError(f"--bootstrap must be >= 1, got {resamples}")
+    if resamples < stats.MIN_RESAMPLES:
+        raise ReportError(f"--bootstrap {resamples}: a 95% percentile interval needs at least {stats.MIN_RESAMPLES} "
+                          f"resamples (with fewer, an end of the interval is the smallest or largest resampled mean); "
+                          f"use {stats.MIN_RESAMPLES} or more (default {stats.DEFAULT_RESAMPLES})")
+    if seed < 0:
+        raise ReportError(f"--seed {seed}: the bootstrap seed must be an integer >= 0")
     check_levels(levels)
     out = Path(out)
     check_out(out)  # before the work: a bad --out costs nothing
@@ -485,6 +490,7 @@ def build_report(
     loaded = [load_run(p, n, checkpoint, split, M, info) for p, n, info in zip(runs_paths, names, infos)]
     runs = [pool.pool(m.name, [loaded[i] for i in m.members]) if m.pooled else loaded[m.members[0]] for m in methods]
     arm = load_run(Path(base_arm), all_names[-1], "base", split, M) if base_arm is not None else None
+    check_same_reward([*loaded, *([arm] if arm is not None else [])])
     rep = compare(runs, base_name, resamples, seed, endpoints, pair_names, arm, levels)
     tabs = make_tables(rep)
 

@@ -204,6 +204,10 @@ def compare(runs: list[RunEval], baseline: str, resamples: int, seed: int, endpo
     dropped = {r.name: len(r.per_prompt) - len(prompts) for r in runs if len(r.per_prompt) != len(prompts)}
     values = {r.name: np.array([r.per_prompt[pid] for pid in prompts], dtype=np.float64) for r in runs}
     if endpoints:
+        twice = sorted({n for n in endpoints if list(endpoints).count(n) > 1})
+        if twice:
+            raise ReportError(f"--endpoints {','.join(map(str, endpoints))}: {', '.join(map(str, twice))} given twice; "
+                              "name each column once")
         unknown = [n for n in endpoints if n not in Ns]
         if unknown:
             raise ReportError(f"--endpoints {unknown}: not among the evaluated N {Ns}")

@@ -3,6 +3,8 @@
 Everything `report` reads comes through here (the run-directory contract, teacli/rundir.py):
     eval/<split>-M<M>.bon.json    per-prompt grouped best-of-N values and the checkpoint step
     eval/<split>-M<M>.jsonl       completion records: `tokens` (lengths) and `reward` of every sample
+    eval/<split>-M<M>.run.json    the evaluation's settings: the reward that scored it (runs scored by
+                                  different rewards are not compared; an evaluation without one is not checked)
     judge/<other-run>-bo<N>.jsonl pairwise judge records, when present
     recipe.yaml                   rollout.group_size (the Budget column) and the advantage rule (which
                                   run is TEA, GRPO-Z or a test-time-aware baseline), read with PyYAML
@@ -76,6 +78,8 @@ class RunEval:
     judge: list[JudgeRow] = field(default_factory=list)
     recipe: RecipeInfo | None = None
     seeds: list["RunEval"] = field(default_factory=list)  # a pooled method: its seed runs (teacli/report/pool.py)
+    reward: dict[str, Any] | None = None  # the reward that scored the evaluation (run.json); None: not recorded
+    settings: Path | None = None  # that run.json
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,12 +124,12 @@ def choose_eval(runs: Sequence[Path], names: Sequence[str], checkpoint: str | Se
     """The (split, M) every run has; an error naming the runs when there is none or the choice is ambiguous.
     `checkpoint`: one for every run, or one per run (a base arm reads eval/base/)."""
     checkpoints = [checkpoint] * len(runs) if isinstance(checkpoint, str) else list(checkpoint)
-    have = {}
+    have, found = {}, {}
     for run, name, ckpt in zip(runs, names, checkpoints):
-        evals = {k for k in available_evals(eval_dir(run, ckpt)) if (split is None or k[0] == split) and (M is None or k[1] == M)}
-        have[name] = evals
-    listing = "; ".join(
-        f"{name}: {', '.join(f'{s}-M{m}' for s, m in sorted(ev)) or 'none'}" for name, ev in have.items()
+        found[name] = set(available_evals(eval_dir(run, ckpt)))
+        have[name] = {k for k in found[name] if (split is None or k[0] == split) and (M is None or k[1] == M)}
+    listing = "; ".join(  # every finished evaluation, also those of other splits and M than asked
+        f"{name}: {', '.join(f'{s}-M{m}' for s, m in sorted(ev)) or 'none'}" for name, ev in found.items()
     )
     if any(not ev for ev in have.values()):
         missing = [n for n, ev in have.items() if not ev]
@@ -332,8 +336,41 @@ def load_run(run: Path, name: str, checkpoint: str, split: str, M: int, info: Re
     if records.is_file():
         tokens, rewards = read_records(records, M, list(per_prompt))
     info = info or read_recipe(run / "recipe.yaml")
+    settings = directory / f"{split}-M{M}.run.json"
     return RunEval(
         name=name, path=run, split=split, M=M, checkpoint=step, N=Ns, per_prompt=per_prompt, tokens=tokens,
         rewards=rewards, group_size=info.group_size, advantage=info.advantage, params=info.params, judge=read_judge(run),
-        recipe=info,
+        recipe=info, reward=read_reward(settings), settings=settings,
     )
+
+
+def read_reward(path: Path) -> dict[str, Any] | None:
+    """The `reward` an evaluation's run.json records (None: no run.json, as before it was written)."""
+    if not path.exists():
+        return None
+    try:
+        settings = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: cannot read ({exc}); it records the evaluation's settings") from None
+    reward = settings.get("reward") if isinstance(settings, dict) else None
+    if not isinstance(reward, dict):
+        raise ReportError(f"{path}: has no 'reward' mapping (the reward that scored the evaluation)")
+    return reward
+
+
+def check_same_reward(runs: Sequence[RunEval]) -> None:
+    """Best-of-N values scored by different rewards are on different scales: refuse to compare them, naming
+    the first run whose reward differs from the first run's, both rewards and where they are recorded."""
+    known = [r for r in runs if r.reward is not None]
+    for r in known[1:]:
+        first = known[0]
+        if r.reward == first.reward:
+            continue
+        keys = [k for k in dict.fromkeys([*first.reward, *r.reward]) if first.reward.get(k) != r.reward.get(k)]
+
+        def said(x: RunEval) -> str:
+            return ", ".join(f"reward.{k}={x.reward.get(k)!r}" for k in keys) + f" ({x.settings})"
+
+        raise ReportError(f"runs {first.name} and {r.name} were scored with different rewards, so their best-of-N values "
+                          f"cannot be compared: {first.name} with {said(first)}, {r.name} with {said(r)}; evaluate them "
+                          "with the same reward (`tea eval-bon` with the same --set reward.…)")

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from teacli.rundir import RunDir, step_dir_name, write_text_atomic, writing
 from teacli.train.checkpoint import save_hf_model
 from teacli.train.errors import Interrupted, TrainError
-from teacli.train.resume import Start, check_run_dir, commit_run_dir, on_rank0, run_lock, say
+from teacli.train.resume import Start, check_run_dir, check_selection, commit_run_dir, on_rank0, run_lock, say
 
 if TYPE_CHECKING:
     import torch
@@ -533,6 +533,8 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     with run_lock(run, world):
         start = on_rank0(world, check_run_dir, run, recipe)
         if start.step >= recipe.optim.steps:
+            if (chosen := on_rank0(world, check_selection, run, recipe)) is not None:
+                say(world, chosen)
             say(world, f"{run.path} is already complete at step {start.step} (optim.steps={recipe.optim.steps}); "
                         f"raise optim.steps to train further")
         else:
@@ -565,9 +567,12 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             f"to CPU (backend.offload_optimizer: true), or put the reward model on another device (reward.device); "
             f"`tea train RECIPE --estimate` says what fits"
         ) from None
-    on_rank0(world, commit_run_dir, run, recipe, resume, data_report)
+    for note in on_rank0(world, commit_run_dir, run, recipe, resume, data_report):
+        say(world, note)
     if resume.restart:
         say(world, resume.note(run, recipe))
+        if (chosen := on_rank0(world, check_selection, run, recipe)) is not None:  # stopped while choosing before
+            say(world, chosen)
     if checkpointing.layers or checkpointing.estimate is not None:  # nothing on a CPU run that checkpoints nothing
         say(world, checkpointing.describe())
     # Recorded with every step (an execution key: a resumed run may change it), beside the measured peaks.

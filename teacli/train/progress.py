@@ -245,7 +245,7 @@ class MetricsSink:
         if not self.is_main:
             return
         if self.per_rank:
-            run.truncate_after(run.ranks, start)
+            run.truncate_after(run.ranks, start, self.note)
         names = resolve_report_to(recipe.logging.report_to)
         if names:
             self.state = _State(run.trackers)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teacli.rundir import RunDir, exclusive, finished_evals, step_dir_name, write_text_atomic
+from teacli.rundir import RecordError, RunDir, exclusive, finished_evals, step_dir_name, write_text_atomic
 from teacli.train.errors import TrainError
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def on_rank0(world, fn, *args):
     if world.is_main:
         try:
             result = fn(*args)
-        except (TrainError, DataError, RecipeError) as exc:
+        except (TrainError, DataError, RecipeError, RecordError) as exc:
             error = str(exc)
     result, error = backend.broadcast_object((result, error))
     if error is not None:
@@ -95,7 +95,8 @@ def say(world, text: str) -> None:
 def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
     """Where to start, and whether this recipe may continue the run directory (the resume rules,
     docs/training.md): a change of a key outside config.EXECUTION_KEYS, an optim.steps the run cannot
-    take, or a train / val split whose file changed since the run started is a TrainError. Reads only."""
+    take, or a train / val split whose file changed since the run started is a TrainError; a damaged line of
+    metrics.jsonl or validation.jsonl (other than a torn last line) a RecordError naming it. Reads only."""
     from teacli.config import canonical_tree, is_execution_key, parse_yaml, recipe_changes, to_yaml
     from teacli.data.load import split_sha256
 
@@ -119,6 +120,8 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
         )
     latest = run.latest_checkpoint()
     step, checkpoint = latest if latest else (0, None)
+    for log in (run.metrics, run.ranks):  # every line whole before anything is trained or rewritten (RecordError)
+        run.read_jsonl(log)
     _check_records_kept(run, before, step)
     if "optim.steps" in changed:
         _check_steps(recipe, changed["optim.steps"][0], step)
@@ -133,7 +136,7 @@ def _check_records_kept(run: RunDir, before: dict[str, Any], step: int) -> None:
     run was evaluated, say), and training again would overwrite the run's metrics, validation and selection
     and leave its evaluations describing another training. A run stopped part-way resumes as always (its
     evaluations of steps up to `step` and of the untrained policy stay true)."""
-    saved = max((r["step"] for r in run.read_jsonl(run.validation) if isinstance(r, dict) and _is_int(r.get("step"))), default=0)
+    saved = max((r["step"] for r in run.read_jsonl(run.validation)), default=0)
     evals = [p.relative_to(run.path).as_posix() for p in _finished_evals(run) if _evaluated_step(p) > step]
     if saved <= step and not evals:
         return
@@ -209,15 +212,17 @@ def _check_data(run: RunDir, recipe: "Recipe", data: dict[str, str]) -> None:
             )
 
 
-def commit_run_dir(run: RunDir, recipe: "Recipe", start: Start, data_report: dict[str, Any]) -> None:
+def commit_run_dir(run: RunDir, recipe: "Recipe", start: Start, data_report: dict[str, Any]) -> list[str]:
     """Write the run's files, now that every check passed: recipe.yaml (execution keys as they are now),
     data.json (with each split's sha256), a resume.jsonl line on a restart; drop the log lines after the
-    checkpoint resumed from, so a step run again is never logged twice."""
+    checkpoint resumed from, so a step run again is never logged twice. Returns the notes to print (a torn
+    last log line dropped)."""
     from teacli.config import to_yaml
 
+    notes: list[str] = []
     run.clean_partial()
-    run.truncate_after(run.metrics, start.step)
-    run.truncate_after(run.validation, start.step)
+    run.truncate_after(run.metrics, start.step, notes.append)
+    run.truncate_after(run.validation, start.step, notes.append)
     report = {**data_report}
     for name, digest in start.data.items():
         report[name] = {**report[name], "sha256": digest}
@@ -226,3 +231,27 @@ def commit_run_dir(run: RunDir, recipe: "Recipe", start: Start, data_report: dic
     if start.restart:
         run.append(run.resumes, {"step": start.step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                  "changed": {k: {"before": a, "now": b} for k, (a, b) in start.changed.items()}})
+    return notes
+
+
+def check_selection(run: RunDir, recipe: "Recipe") -> str | None:
+    """A restarted run's selected.json must name the checkpoint its validation rows select: a run that stopped
+    while choosing (after a checkpoint and its validation row were written) would otherwise keep a stale or
+    damaged selection, for good once it is complete. Chosen again and rewritten when it differs; returns the
+    line that says so. A damaged validation row is a RecordError naming it."""
+    if not recipe.validation.enabled:
+        return None
+    best = run.selection()
+    if best is None:
+        return None
+    try:
+        recorded = run.read_selected()
+    except RecordError as exc:
+        recorded, why = None, f"{run.selected.name} was damaged ({str(exc).partition(': ')[2].partition(';')[0]})"
+    else:
+        why = (f"{run.selected.name} named step {recorded['step']}" if recorded else f"{run.selected.name} was missing")
+    if recorded and recorded["step"] == best["step"] and recorded["path"] == best["path"]:
+        return None
+    write_text_atomic(run.selected, json.dumps(best, indent=2) + "\n")
+    return (f"{why}, but the validation rows ({run.validation.name}) select step {best['step']} (score "
+            f"{best['score']:.4f}): rewrote {run.selected} (the run stopped while choosing its checkpoint?)")

@@ -281,3 +281,41 @@ def test_stop_tokens_are_part_of_the_eval_settings_and_a_bad_one_writes_nothing(
     assert new["sampling"]["stop_tokens"] == ["<|user|>"]
     res = tea("eval-bon", str(evaluated), "--n", "4")  # the same files without the stop token: refused
     assert res.exit_code == 2 and "other settings" in res.output and "sampling" in res.output
+
+
+def error_line(res) -> str:
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    (line,) = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+    return line
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"step": 2}', "needs an integer 'step' and a string 'path' (the selected checkpoint's directory), got path=None"),
+    (b"[]", "expected a JSON object"),  # was "selected.json not found"
+    (b'{"step": 2, "path": "checkpoints/step_00000\xb2"}', "not UTF-8 text"),
+])
+def test_a_damaged_selected_json_is_one_line_naming_it(evaluated, tmp_path, content, message):
+    run = tmp_path / "run"
+    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
+    (run / "selected.json").write_bytes(content)
+    line = error_line(tea("eval-bon", str(run)))
+    assert line.startswith(f"error: {run / 'selected.json'}: ") and message in line, line
+    assert not (run / "eval").exists()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda rec: json.dumps({**rec, "reward": float("nan")}).encode(), "reward must be a finite number, got nan"),  # was "1 of 40 completions are missing"
+    (lambda rec: json.dumps({**rec, "reward": "high"}).encode(), "reward must be a finite number, got 'high'"),  # was "could not convert string to float"
+    (lambda rec: json.dumps(rec).encode().replace(b'"response": "', b'"response": "\xff'), "not UTF-8 text (byte 0xff"),
+])
+def test_a_damaged_record_is_one_line_naming_the_file_and_line(evaluated, tmp_path, edit, message):
+    run = tmp_path / "run"
+    shutil.copytree(evaluated, run)
+    records = run / "eval" / f"{SPLIT}-M{M}.jsonl"
+    lines = records.read_bytes().split(b"\n")
+    lines[2] = edit(json.loads(lines[2]))
+    records.write_bytes(b"\n".join(lines))
+    before = records.read_bytes()
+    line = error_line(tea("eval-bon", str(run)))
+    assert line.startswith(f"error: {records}:3: {message}"), line
+    assert records.read_bytes() == before

@@ -86,3 +86,19 @@ def test_win_tie_loss_tolerance_boundary():
     assert win_tie_loss(a, b) == (2, 3, 2)
     assert win_tie_loss(a, b, tol=0.0) == (3, 1, 3)
     assert win_tie_loss(b, a) == (2, 3, 2)
+
+
+def test_min_resamples_is_where_the_interval_ends_leave_the_extreme_resamples():
+    """numpy's linear percentile of B sorted values sits at position q·(B − 1), q = 0.025: from B = 41 the 95%
+    interval's ends are the 2nd smallest and 2nd largest resampled means (positions 1 and B − 2); at B = 40 the
+    lower end is still interpolated with the smallest (position 0.975)."""
+    from teacli.eval.stats import MIN_RESAMPLES, min_resamples
+
+    assert MIN_RESAMPLES == min_resamples(0.95) == 41
+    assert np.percentile(np.arange(41.0), [2.5, 97.5]).tolist() == [1.0, 39.0]
+    assert np.percentile(np.arange(40.0), 2.5) == pytest.approx(0.975)
+    assert min_resamples(0.9) == 21 and min_resamples(0.99) == 201  # 1 + 1/0.05, 1 + 1/0.005
+    # the interval that prompted it: one resample, an "interval" [m, m] that need not hold the estimate
+    d = np.array([0.0, 0.1, 0.2, 0.5])
+    est, lo, hi = paired_bootstrap(d, np.zeros(4), resamples=1, seed=0)
+    assert lo == hi and not lo <= est <= hi

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -204,3 +205,60 @@ def test_a_full_disk_is_one_line_naming_out_and_the_earlier_report_stays(two, tm
     assert line == f"error: {out}: no space left on device; free space there (or write elsewhere) and run the command again"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r", "runs"]
+
+
+def run_json(run: Path, function: str | None, kind: str = "rule") -> Path:
+    """The evaluation's settings as `tea eval-bon` writes them beside its records (the reward that scored it)."""
+    path = run / "eval" / f"{SPLIT}-M{M}.run.json"
+    reward = {"kind": kind, "name_or_path": None, "function": function, "revision": None, "max_length": 4096, "params": {}}
+    path.write_text(json.dumps({"split": SPLIT, "M": M, "checkpoint": 100, "seed": 0, "reward": reward}))
+    return path
+
+
+def test_evaluations_scored_by_different_rewards_are_not_compared(two, tmp_path):
+    """Before, `tea report` printed deltas and W/T/L between an evaluation scored with one reward and one scored
+    with another (eval-bon --set reward.function=...), exit 0."""
+    run_json(two[0], None)
+    other = run_json(two[1], "mypkg.rewards:brevity", kind="python")
+    line = error_line(report(*two, "--out", tmp_path / "r"))
+    assert "runs grpo and tea were scored with different rewards" in line
+    assert f"grpo with reward.kind='rule', reward.function=None ({two[0] / 'eval'}" in line
+    assert f"tea with reward.kind='python', reward.function='mypkg.rewards:brevity' ({other})" in line
+    assert not (tmp_path / "r").exists()
+    run_json(two[1], None)  # the same reward: compared
+    assert report(*two, "--out", tmp_path / "r").exit_code == 0
+
+
+def test_a_base_arm_scored_by_another_reward_is_not_compared(two, tmp_path):
+    run_json(two[0], None), run_json(two[1], None)
+    arm = two[0].parent / "base_arm"
+    shutil.copytree(two[0] / "eval", arm / "eval" / "base")
+    shutil.copy(two[0] / "recipe.yaml", arm / "recipe.yaml")
+    assert report(*two, "--base-arm", arm, "--out", tmp_path / "r").exit_code == 0
+    (arm / "eval" / "base" / f"{SPLIT}-M{M}.run.json").write_text(json.dumps({"reward": {"kind": "hf", "name_or_path": "other/rm"}}))
+    line = error_line(report(*two, "--base-arm", arm, "--out", tmp_path / "r"))
+    assert "were scored with different rewards" in line and "reward.name_or_path='other/rm'" in line
+
+
+@pytest.mark.parametrize("resamples", [1, 40])
+def test_too_few_resamples_for_a_95_interval_are_refused(two, tmp_path, resamples):
+    """`--bootstrap 1` printed "+0.085 [+0.091, +0.091]": an interval that excluded its estimate."""
+    res = CliRunner().invoke(app, ["report", *map(str, two), "--bootstrap", str(resamples), "--out", str(tmp_path / "r")])
+    line = error_line(res)
+    assert f"--bootstrap {resamples}: a 95% percentile interval needs at least 41 resamples" in line
+    res = CliRunner().invoke(app, ["report", *map(str, two), "--bootstrap", "41", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_negative_seed_and_repeated_endpoints_are_one_line(two, tmp_path):
+    assert "--seed -1: the bootstrap seed must be an integer >= 0" in error_line(report(*two, "--seed", "-1", "--out", tmp_path / "r"))
+    line = error_line(report(*two, "--endpoints", "4,4,2", "--out", tmp_path / "r"))
+    assert "--endpoints 4,4,2: 4 given twice" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_split_no_run_has_lists_the_evaluations_there_are(two, tmp_path):
+    """Before, `--split heldout` listed "grpo: none; tea: none" for runs evaluated on another split."""
+    line = error_line(report(*two, "--split", "heldout", "--out", tmp_path / "r"))
+    assert "have no finished evaluation for split 'heldout'" in line
+    assert f"Evaluations found: grpo: {SPLIT}-M{M}; tea: {SPLIT}-M{M}" in line

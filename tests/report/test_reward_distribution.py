@@ -48,7 +48,7 @@ def test_report_pools_rewards_per_run_and_adds_the_base_policy(tmp_path):
     assert (out / "reward_distribution.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "reward_distribution.png" in json.loads((out / ".tea-report").read_text())["files"]
     assert "![reward_distribution](reward_distribution.png)" in (out / "report.md").read_text()
-    result = build_report([ra, rb], tmp_path / "r2", resamples=10, plots=False)
+    result = build_report([ra, rb], tmp_path / "r2", resamples=50, plots=False)
     dist = reward_distributions(result.report, result.report.runs, "selected")
     assert set(dist) == {"grpo", "tea", "base (grpo)"}
     np.testing.assert_allclose(sorted(dist["grpo"]), sorted(a.ravel()))

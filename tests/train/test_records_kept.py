@@ -108,3 +108,65 @@ def test_tea_train_refuses_with_one_line_and_leaves_the_run_as_it_was(assets, tm
     (line,) = [x for x in again.stderr.splitlines() if x.startswith("error:")]
     assert f"{run} holds a run finished at step 2 (optim.steps=2) whose checkpoints are all gone" in line
     assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+# -- damaged records and a stale selection ----------------------------------------------------------
+
+
+def test_a_damaged_validation_row_is_refused_before_training_naming_file_and_line(recipe, tmp_path):
+    """A finished 2-step run whose step-2 validation row lost its score, extended to 4 steps: before, steps 3-4
+    trained and the run died choosing its checkpoint (KeyError: 'score'), leaving selected.json at step 2 and a
+    run that said it was complete. Now the start is refused with one line, before anything is trained or written."""
+    from teacli.train.resume import on_rank0
+
+    run = run_dir(tmp_path, recipe, 2, [2], [2])
+    run.validation.write_text(json.dumps({"step": 0, "score": 0.5}) + "\n" + json.dumps({"step": 2}) + "\n")
+    before = run.validation.read_bytes()
+
+    class World:
+        is_main = True
+
+    with pytest.raises(TrainError) as err:  # what every rank of `tea train` gets: one line, exit 2
+        on_rank0(World(), check_run_dir, run, recipe)
+    assert str(err.value).startswith(f"{run.validation}:2: a validation row needs a finite number 'score', this one (step 2) "
+                                     "has no 'score'")
+    assert run.validation.read_bytes() == before
+
+
+@pytest.mark.parametrize("line", [b'{"step": 2, "rew', b"42", b'{"step": 2, "x": "\xff"}'])
+def test_a_damaged_metrics_line_is_refused_before_training(recipe, tmp_path, line):
+    run = run_dir(tmp_path, recipe, 3, [2], [2])
+    rows = run.metrics.read_bytes().split(b"\n")
+    run.metrics.write_bytes(b"\n".join([rows[0], line, *rows[2:]]))
+    with pytest.raises(ValueError, match=f"^{run.metrics}:2: "):
+        check_run_dir(run, recipe)
+
+
+def test_a_complete_run_chooses_its_checkpoint_again_when_selected_json_is_stale(recipe, tmp_path):
+    """A run that stopped while choosing its checkpoint (its last checkpoint and validation row written, selected.json
+    not): before, every rerun said "already complete" and eval-bon evaluated the stale step."""
+    from teacli.train.resume import check_selection
+
+    run = run_dir(tmp_path, recipe, 4, [2, 4], [2, 4])
+    run.validation.write_text("".join(json.dumps({"step": s, "score": v}) + "\n" for s, v in [(0, 0.5), (2, 0.6), (4, 0.7)]))
+    run.selected.write_text(json.dumps({"step": 2, "path": "checkpoints/step_000002", "score": 0.6, "rule": ""}))
+    note = check_selection(run, recipe)
+    assert note.startswith("selected.json named step 2, but the validation rows (validation.jsonl) select step 4 (score 0.7000)")
+    assert json.loads(run.selected.read_text()) == {"step": 4, "path": "checkpoints/step_000004", "score": 0.7, "rule": ""}
+    mtime = run.selected.stat().st_mtime_ns
+    assert check_selection(run, recipe) is None and run.selected.stat().st_mtime_ns == mtime  # right: left alone
+    run.selected.write_text("[]")  # damaged: chosen again, not refused
+    assert check_selection(run, recipe).startswith("selected.json was damaged (expected a JSON object")
+    assert json.loads(run.selected.read_text())["step"] == 4
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume_and_said(recipe, tmp_path):
+    from teacli.train.resume import commit_run_dir
+
+    run = run_dir(tmp_path, recipe, 3, [2], [2])
+    with open(run.metrics, "a") as f:
+        f.write('{"step": 4, "reward_me')  # killed in the middle of step 4's append
+    start = check_run_dir(run, recipe)
+    notes = commit_run_dir(run, recipe, start, {"train": {}, "validation": {}})
+    assert notes == [f"{run.metrics}: dropped its last line, cut short (22 characters with no newline: a write stopped by a kill)"]
+    assert [json.loads(x)["step"] for x in run.metrics.read_text().splitlines()] == [1, 2]

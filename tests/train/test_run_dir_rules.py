@@ -187,8 +187,16 @@ def test_execution_keys_may_change_on_resume_and_are_recorded(assets, tmp_path):
     resolved = yaml.safe_load((run / "recipe.yaml").read_text())  # what runs now
     assert resolved["optim"]["steps"] == 4 and resolved["rollout"]["batch_size"] == 8
 
+    # as a run that stopped while choosing its checkpoint leaves it: step 4 scored best, selected.json still at step 2
+    rows = [json.loads(x) for x in (run / "validation.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2, 4]
+    rows[1]["score"], rows[2]["score"] = 0.25, 0.75
+    (run / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "selected.json").write_text(json.dumps({"step": 2, "path": "checkpoints/step_000002", "score": 0.25, "rule": ""}))
     again = tea_train(rec, run, tmp_path, *(a for c in changes for a in ("--set", c)))
     assert again.returncode == 0 and f"{run} is already complete at step 4 (optim.steps=4)" in again.stderr
+    assert "selected.json named step 2, but the validation rows (validation.jsonl) select step 4 (score 0.7500)" in again.stderr
+    assert json.loads((run / "selected.json").read_text())["step"] == 4
     assert steps(run) == [1, 2, 3, 4] and len((run / "resume.jsonl").read_text().splitlines()) == 1  # nothing ran
 
     # what defines the experiment is still refused, and nothing is written
