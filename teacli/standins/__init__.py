@@ -90,7 +90,10 @@ def model_dir(name: str, key: str = "policy") -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        import transformers
+
+        # transformers_version: a local tokenizer whose config lacks it is taken for an old Mistral one (a warning a load)
+        (tmp / "config.json").write_text(json.dumps({**config, "transformers_version": transformers.__version__}, indent=1) + "\n")
         make_tokenizer(config).save_pretrained(tmp)
         (tmp / STANDIN_MARKER).write_text(json.dumps({"stands_in_for": name, "weights": "random"}) + "\n")
         try:
