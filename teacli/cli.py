@@ -129,6 +129,14 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _plain_progress() -> None:
+    """Off a terminal, transformers' and huggingface_hub's tqdm bars off (a log would get their `\\r`-joined
+    redraws); tea's own lines say what is being loaded (docs/cli.md)."""
+    from teacli.models import plain_progress
+
+    plain_progress()
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
@@ -294,6 +302,7 @@ def train(
     from teacli.train.loop import train as run_training
 
     directory = Path(run_dir) if run_dir else Path("runs") / r.name
+    _plain_progress()
     main_rank = os.environ.get("RANK", "0") == "0"  # the other ranks of a launch stop with the same code, silently
     try:
         check_run_dir_path(directory)
@@ -742,6 +751,8 @@ def eval_bon(
     from rich.text import Text
 
     from teacli.eval.bon import EvalError, default_run_dir, evaluate, init_base_arm
+
+    _plain_progress()
 
     class Speed(ProgressColumn):
         def render(self, task) -> Text:

@@ -204,7 +204,7 @@ def _setup(recipe: "Recipe", world, is_level: str):
     from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rewards import build_reward
     from teacli.rollout.base import stop_token_ids
-    from teacli.rollout.factory import build_engine as build_rollout
+    from teacli.rollout.factory import build_engine as build_rollout, resolve_engine_name
     from teacli.train import backend
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
@@ -215,6 +215,7 @@ def _setup(recipe: "Recipe", world, is_level: str):
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     train_prompts, val_prompts, data_report = encode_splits(tokenizer, recipe)  # before any model: a data error stops at once
+    say(world, f"loading the policy {recipe.policy.name_or_path} on {world.device.type}")
     policy = models.load_policy(recipe.policy, dtype=torch.float32, device=world.device)
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"
     if cpu_attention:  # grouped K/V without copies, multi-query bf16 attention in fp32 (models.sdpa_gqa_attention)
@@ -231,6 +232,7 @@ def _setup(recipe: "Recipe", world, is_level: str):
         if recipe.policy.lora.enabled:
             reference = "adapters-disabled"
         else:
+            say(world, f"loading the reference policy (kl.beta={recipe.kl.beta:g})")
             reference = models.load_policy(recipe.policy, dtype=dtype, device=world.device)
             if cpu_attention:
                 reference.set_attn_implementation(models.register_sdpa_gqa())
@@ -241,6 +243,8 @@ def _setup(recipe: "Recipe", world, is_level: str):
 
         policy = apply_lora(policy, recipe.policy.lora)
 
+    what = recipe.reward.name_or_path or recipe.reward.function or recipe.reward.url
+    say(world, f"loading the reward ({recipe.reward.kind}{f': {what}' if what else ''})")
     reward = build_reward(recipe.reward, device=world.device, tokenizer=tokenizer)
 
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
@@ -249,7 +253,9 @@ def _setup(recipe: "Recipe", world, is_level: str):
     local_seqs = (P // world.world_size) * m
     grad_accum = -(-local_seqs // recipe.optim.micro_batch_size)
     trainer_bytes = backend.model_state_bytes(recipe, policy, world)  # before ZeRO-3 partitions the parameters
+    say(world, f"building the trainer (DeepSpeed ZeRO-{recipe.backend.zero_stage}, {precision})")
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
+    say(world, f"building the {resolve_engine_name(recipe.rollout.engine)} rollout engine")
     rollout = build_rollout(
         recipe.rollout, engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
@@ -563,7 +569,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
         if start == 0 and recipe.validation.enabled and recipe.validation.at_start and not has_baseline:
             # The untrained policy's score: the baseline every checkpoint is compared with.
             phase = "validation of the untrained policy (validation.samples, rollout.batch_size)"
-            result = _validation(engine, rollout, reward, val_prompts, recipe)
+            result = _validation(engine, rollout, reward, val_prompts, recipe, progress, "step 0 validation (untrained policy)")
             if world.is_main:
                 sink.validation({"step": 0, **result})
                 sink.note(f"step 0 (untrained policy): validation {result['score']:.4f}")
@@ -631,7 +637,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
                 phase = "validation and checkpoint (validation.samples, rollout.batch_size)"
-                _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink, position)
+                _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink, position, progress)
     except torch.OutOfMemoryError:
         raise TrainError(
             f"out of memory during {phase}: lower the recipe keys named there (they may change on resume), or use "
@@ -646,11 +652,11 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
         rollout.close()  # vLLM's parallel groups go before the trainer's process group (train: backend.close_world)
 
 
-def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position) -> None:
+def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position, progress) -> None:
     from teacli.train import backend
 
     if recipe.validation.enabled:
-        result = _validation(engine, rollout, reward, val_prompts, recipe)
+        result = _validation(engine, rollout, reward, val_prompts, recipe, progress, f"step {step} validation")
     # data_position: prompts of the data order consumed so far (step × P unless dynamic sampling drew more).
     save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": position})
     if world.is_main:
@@ -662,13 +668,25 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     backend.barrier()
 
 
-def _validation(engine, rollout, reward, val_prompts, recipe) -> dict[str, Any]:
+def _validation(engine, rollout, reward, val_prompts, recipe, progress, stage: str) -> dict[str, Any]:
+    """The validation score of the current weights; its progress (sequences generated) goes to `progress`."""
     from teacli.train import backend
 
+    total = validation_sequences(recipe, val_prompts)
+    progress.stage(stage, 0, total, f"{len(val_prompts)} prompts × {recipe.validation.samples} samples")
+    reports = hasattr(rollout, "progress")  # the hf engine reports each batch; vllm generates in one call
+    if reports:
+        rollout.progress = lambda done, _total: progress.stage(stage, done, total)
     rollout.wake()
-    with backend.generation_weights(engine, recipe.backend.zero_stage):
-        # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
-        result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
+    try:
+        with backend.generation_weights(engine, recipe.backend.zero_stage):
+            # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
+            result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
+    finally:
+        if reports:
+            rollout.progress = None
+    if not reports:
+        progress.stage(stage, total, total)
     # No sleep: the next thing the engine does is the next step's generation, with these same weights
     # (a level-2 sleep would discard them with no push to bring them back).
     return backend.broadcast_object(result)
