@@ -105,12 +105,17 @@ def plain_progress(stream: Any = None) -> bool:
     stream = sys.stderr if stream is None else stream
     if getattr(stream, "isatty", lambda: False)() or "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
         return False
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # hub downloads, here and in the processes tea starts
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as hf_logging
+    # Read by huggingface_hub when it is imported, and through it by transformers: nothing heavy is imported
+    # here (an input error stays fast). Where they are imported already, their switches turn the bars off.
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
 
-    disable_progress_bars()
-    hf_logging.disable_progress_bar()
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     return True
 
 

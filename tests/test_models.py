@@ -356,3 +356,30 @@ def test_a_truncated_safetensors_file_is_one_error_naming_the_key(policy_dir, tm
     os.truncate(weights, weights.stat().st_size // 2)  # a copy or a save cut short by a full disk
     with pytest.raises(ValueError, match=rf"^policy.name_or_path: the weights in {damaged} cannot be read \(a damaged or truncated"):
         load_policy(PolicyConfig(name_or_path=str(damaged)))
+
+
+def test_plain_progress_turns_the_hub_and_transformers_bars_off_only_off_a_terminal(monkeypatch):
+    """In a log file their tqdm bars arrive as `\\r`-joined redraws; tea's own lines replace them."""
+    import io
+    import os
+    import subprocess
+    import sys
+
+    from teacli.models import plain_progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    assert plain_progress(Tty()) is False and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user's own choice is left alone
+    assert plain_progress(io.StringIO()) is False
+    # Off a terminal, in a fresh process: set before transformers is imported, its bars are off too.
+    code = ("import io, sys; from teacli.models import plain_progress; assert plain_progress(io.StringIO());"
+            "assert 'transformers' not in sys.modules; from transformers.utils import logging;"
+            "from huggingface_hub.utils import are_progress_bars_disabled;"
+            "print(logging.is_progress_bar_enabled(), are_progress_bars_disabled())")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
