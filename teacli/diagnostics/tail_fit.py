@@ -292,7 +292,8 @@ def plot_qq(result: dict[str, Any], runs: Sequence[RunRewards], path: Path, per_
             y = np.sort(run.rewards[i])[idx]
             (line,) = ax.plot(fit.x, y, "o", markersize=3, label=f"{run.prompt_ids[i]} (R² {fit.r2[i]:.3f})")
             ax.plot(fit.x, fit.a[i] + fit.b[i] * fit.x, "-", color=line.get_color(), linewidth=1.0)
-        ax.legend(fontsize="x-small")
+        # Below the panel, under its x label: inside it, a legend hid tail points wherever it was put.
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     for row in axes:
         row[0].set_ylabel("reward (upper-tail order statistics)")
     fig.savefig(path, dpi=150)

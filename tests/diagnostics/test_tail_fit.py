@@ -161,6 +161,11 @@ def test_plots_of_many_runs_stay_readable(tmp_path, monkeypatch):
     qq = next(f for p, f in figs.items() if "qq" in p)
     assert [ax.get_visible() for ax in qq.axes] == [True] * 6 + [False] * 2  # 2 rows of 4
     assert qq.get_size_inches()[0] <= 4 * 4.6 + 1e-9
+    canvas = FigureCanvasAgg(qq)
+    canvas.draw()
+    r = canvas.get_renderer()
+    for ax in qq.axes[:6]:  # each panel's legend (its prompts) off its points
+        assert not Bbox.intersection(ax.get_window_extent(r), ax.get_legend().get_window_extent(r)), ax.get_title()
     pred = next(f for p, f in figs.items() if "prediction" in p)
     canvas = FigureCanvasAgg(pred)
     canvas.draw()
