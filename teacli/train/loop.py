@@ -544,6 +544,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     start, position = resume.step, 0
     if resume.checkpoint is not None:
         path = resume.checkpoint
+        say(world, f"loading the trainer state of {path.name} (weights, optimizer, RNG)")
         try:
             backend.load_engine_state(engine, str(path / "trainer"), tag="state")
             rng = torch.load(path / "rng.pt", weights_only=False)
