@@ -12,6 +12,7 @@ service, exit 1); `NO_COLOR` turns colour off; `-h`/`--help`, `--version`, shell
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import os
 from pathlib import Path
@@ -66,11 +67,26 @@ def _os_error_message(exc: OSError) -> str:
 
 
 def _tidy_params(cmd: Any, ctx: Any) -> None:
+    if cmd.help:
+        cmd.help = _unwrap_paragraphs(cmd.help)
     for param in cmd.get_params(ctx):  # includes the help option
         if getattr(param, "is_flag", False):
             param.metavar = ""
         elif param.param_type_name == "argument" and param.metavar is None:
             param.metavar = param.name.upper()
+
+
+def _unwrap_paragraphs(text: str) -> str:
+    """A docstring's paragraphs as single lines, for the terminal to wrap: typer's rich help keeps the
+    source's line breaks inside a paragraph, which breaks sentences mid-line on a wide terminal. A paragraph
+    that starts with click's no-rewrap marker `\\b` or holds a list (`- item` lines) keeps its lines."""
+    head, sep, tail = inspect.cleandoc(text).partition("\f")
+    paragraphs = []
+    for paragraph in head.split("\n\n"):
+        lines = paragraph.splitlines()
+        keep = paragraph.startswith("\b") or any(line.lstrip().startswith(("- ", "* ")) for line in lines)
+        paragraphs.append(paragraph if keep else " ".join(line.strip() for line in lines))
+    return "\n\n".join(paragraphs) + sep + tail
 
 
 _HELP = {"help_option_names": ["-h", "--help"]}
@@ -111,6 +127,14 @@ def _fail(message: str, code: int = 2) -> None:
     """Print a one-line error to stderr and exit (no traceback for user errors)."""
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True, color=_color())
     raise typer.Exit(code)
+
+
+def _plain_progress() -> None:
+    """Off a terminal, transformers' and huggingface_hub's tqdm bars off (a log would get their `\\r`-joined
+    redraws); tea's own lines say what is being loaded (docs/cli.md)."""
+    from teacli.models import plain_progress
+
+    plain_progress()
 
 
 def _duration(seconds: float) -> str:
@@ -292,6 +316,7 @@ def train(
     from teacli.train.loop import train as run_training
 
     directory = Path(run_dir) if run_dir else Path("runs") / (r.name + ("-rehearsal" if r.rehearsal.enabled else ""))
+    _plain_progress()
     main_rank = os.environ.get("RANK", "0") == "0"  # the other ranks of a launch stop with the same code, silently
     try:
         check_run_dir_path(directory)
@@ -753,6 +778,8 @@ def eval_bon(
     from rich.text import Text
 
     from teacli.eval.bon import EvalError, default_run_dir, evaluate, init_base_arm
+
+    _plain_progress()
 
     class Speed(ProgressColumn):
         def render(self, task) -> Text:

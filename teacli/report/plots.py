@@ -1,5 +1,6 @@
 """Report plots (matplotlib, Agg backend, PNG): the best-of-N frontier and the delta to each run's baseline
-(both on a log2 N axis with the report's 95% bootstrap band), and the pooled reward distribution per method.
+(both on a log2 N axis with the report's 95% bootstrap band), and the pooled reward distribution per method
+with its upper tail in a panel beside it.
 """
 
 from __future__ import annotations
@@ -103,8 +104,19 @@ def tail_window(pooled: "Sequence[float]", centres: "Sequence[float]", tail_quan
 def plot_reward_distribution(series: Mapping[str, "Sequence[float]"], path: Path, title: str, bins: int = 80,
                              sigma_bins: float = 1.5, tail_quantile: float = 0.9) -> Path:
     """Pooled completion rewards per method (paper Fig. `fig:mechanism_reward_distribution`): a density
-    histogram on one grid over the common range, smoothed with the same Gaussian kernel for every method,
-    and an inset on the upper tail (rewards above the pooled `tail_quantile` quantile; `tail_window`)."""
+    histogram on one grid over the common range, smoothed with the same Gaussian kernel for every method, and
+    beside it a panel on the upper tail (rewards above the pooled `tail_quantile` quantile; `tail_window`).
+    The tail is a panel of its own and the legend sits below both, so neither hides a curve."""
+    plt = _pyplot()
+    fig = reward_distribution_figure(series, title, bins, sigma_bins, tail_quantile)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def reward_distribution_figure(series: Mapping[str, "Sequence[float]"], title: str, bins: int = 80,
+                               sigma_bins: float = 1.5, tail_quantile: float = 0.9) -> Any:
+    """The figure of `plot_reward_distribution`: axes[0] the whole range, axes[1] the upper tail."""
     import numpy as np
 
     plt = _pyplot()
@@ -116,25 +128,24 @@ def plot_reward_distribution(series: Mapping[str, "Sequence[float]"], path: Path
     centres = 0.5 * (edges[:-1] + edges[1:])
     start, label = tail_window(pooled, centres, tail_quantile)
     cut = float(edges[start])
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), constrained_layout=True)
-    inset = ax.inset_axes([0.62, 0.5, 0.35, 0.42])
+    fig, (ax, tail_ax) = plt.subplots(1, 2, figsize=(8.4, 4.6), width_ratios=(2, 1), layout="constrained")
     tail = np.arange(len(centres)) >= start
     top = 0.0
     for name, values in series.items():
         density = smoothed_density(values, edges, sigma_bins)
         (line,) = ax.plot(centres, density, label=f"{name} (mean {np.mean(values):.3f})")
-        inset.plot(centres[tail], density[tail], color=line.get_color())
+        tail_ax.plot(centres[tail], density[tail], color=line.get_color())
         top = max(top, float(density[tail].max()) if tail.any() else 0.0)
-    inset.set_xlim(cut, hi)
-    inset.set_ylim(0.0, top * 1.1 if top > 0 else 1.0)
-    inset.set_title(label, fontsize="x-small")
-    inset.tick_params(labelsize="x-small")
+    tail_ax.set_xlim(cut, hi)
+    tail_ax.set_ylim(0.0, top * 1.1 if top > 0 else 1.0)
+    tail_ax.set_title(label, fontsize="small")
+    tail_ax.set_xlabel("completion reward")
+    tail_ax.grid(True, alpha=0.3)
+    ax.axvspan(cut, hi, color="0.5", alpha=0.12, linewidth=0)  # where the tail panel looks
     ax.set_xlim(lo, hi)
     ax.set_xlabel("completion reward")
     ax.set_ylabel("density (smoothed)")
-    ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small", loc="upper left")
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
+    fig.suptitle(title)
+    fig.legend(loc="outside lower center", ncols=min(len(series), 3), fontsize="small")
+    return fig

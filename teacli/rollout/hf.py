@@ -43,7 +43,7 @@ The cache is allocated per call and freed when it returns (nothing is held while
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from teacli.kernels import generating
@@ -88,6 +88,9 @@ class HFEngine:
             raise ValueError(f"loop: {loop!r} is not one of {', '.join(LOOPS)}")
         self.loop = loop
         self._forward: Any = None
+        # Called after each batch of `generate` with (sequences done, sequences of the call): tea train's
+        # validation progress. None: nothing is reported.
+        self.progress: Callable[[int, int], None] | None = None
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -124,6 +127,8 @@ class HFEngine:
                 for start in range(0, len(flat), self.batch_size):
                     batch = flat[start : start + self.batch_size]
                     outputs.extend(self._generate_batch(batch, config, processors, device, module, static, compiled))
+                    if self.progress is not None:
+                        self.progress(len(outputs), len(flat))
         finally:
             self.model.train(was_training)
         completions = [self._completion(ids) for ids in outputs]

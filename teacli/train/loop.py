@@ -208,7 +208,7 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
     from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rewards import build_reward
     from teacli.rollout.base import stop_token_ids
-    from teacli.rollout.factory import build_engine as build_rollout
+    from teacli.rollout.factory import build_engine as build_rollout, resolve_engine_name
     from teacli.train import backend
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
@@ -228,6 +228,7 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     train_prompts, val_prompts, data_report = encode_splits(tokenizer, loaded)  # before any model: a data error stops at once
+    say(world, f"loading the policy {recipe.policy.name_or_path} on {world.device.type}" + (" (a stand-in: random weights)" if recipe.rehearsal.enabled else ""))
     policy = models.load_policy(loaded.policy, dtype=torch.float32, device=world.device)
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"
     if cpu_attention:  # grouped K/V without copies, multi-query bf16 attention in fp32 (models.sdpa_gqa_attention)
@@ -244,6 +245,7 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
         if recipe.policy.lora.enabled:
             reference = "adapters-disabled"
         else:
+            say(world, f"loading the reference policy (kl.beta={recipe.kl.beta:g})")
             reference = models.load_policy(loaded.policy, dtype=dtype, device=world.device)
             if cpu_attention:
                 reference.set_attn_implementation(models.register_sdpa_gqa())
@@ -254,6 +256,8 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
 
         policy = apply_lora(policy, recipe.policy.lora)
 
+    what = recipe.reward.name_or_path or recipe.reward.function or recipe.reward.url
+    say(world, f"loading the reward ({recipe.reward.kind}{f': {what}' if what else ''})")
     reward = build_reward(loaded.reward, device=world.device, tokenizer=tokenizer)
 
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
@@ -268,7 +272,9 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
     module = getattr(reward, "model", None)
     if isinstance(module, torch.nn.Module):
         trainer_bytes += sum(p.numel() * p.element_size() for p in module.parameters() if p.device == world.device)
+    say(world, f"building the trainer (DeepSpeed ZeRO-{recipe.backend.zero_stage}, {precision})")
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
+    say(world, f"building the {resolve_engine_name(recipe.rollout.engine)} rollout engine")
     rollout = build_rollout(
         dataclasses.replace(recipe.rollout, engine=engine_name), engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
@@ -584,6 +590,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     start, position = resume.step, 0
     if resume.checkpoint is not None:
         path = resume.checkpoint
+        say(world, f"loading the trainer state of {path.name} (weights, optimizer, RNG)")
         try:
             backend.load_engine_state(engine, str(path / "trainer"), tag="state")
             rng = torch.load(path / "rng.pt", weights_only=False)
@@ -609,7 +616,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
         if start == 0 and recipe.validation.enabled and recipe.validation.at_start and not has_baseline:
             # The untrained policy's score: the baseline every checkpoint is compared with.
             phase = "validation of the untrained policy (validation.samples, rollout.batch_size)"
-            result = _validation(engine, rollout, reward, val_prompts, recipe)
+            result = _validation(engine, rollout, reward, val_prompts, recipe, progress, "step 0 validation (untrained policy)")
             if world.is_main:
                 sink.validation({"step": 0, **result})
                 sink.note(f"step 0 (untrained policy): validation {result['score']:.4f}")
@@ -685,7 +692,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             progress.update(record)
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
                 phase = "validation and checkpoint (validation.samples, rollout.batch_size)"
-                _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink, position)
+                _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step + 1, sink, position, progress)
     except torch.OutOfMemoryError:
         raise TrainError(
             f"out of memory during {phase}: lower the recipe keys named there (they may change on resume), or use "
@@ -700,12 +707,12 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
         rollout.close()  # vLLM's parallel groups go before the trainer's process group (train: backend.close_world)
 
 
-def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position) -> None:
+def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position, progress) -> None:
     from teacli.train import backend
 
     if recipe.validation.enabled:
         t0 = time.perf_counter()
-        result = _validation(engine, rollout, reward, val_prompts, recipe)
+        result = _validation(engine, rollout, reward, val_prompts, recipe, progress, f"step {step} validation")
         result["time_validation"] = time.perf_counter() - t0
     # data_position: prompts of the data order consumed so far (step × P unless dynamic sampling drew more).
     t0 = time.perf_counter()
@@ -720,13 +727,25 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     backend.barrier()
 
 
-def _validation(engine, rollout, reward, val_prompts, recipe) -> dict[str, Any]:
+def _validation(engine, rollout, reward, val_prompts, recipe, progress, stage: str) -> dict[str, Any]:
+    """The validation score of the current weights; its progress (sequences generated) goes to `progress`."""
     from teacli.train import backend
 
+    total = validation_sequences(recipe, val_prompts)
+    progress.stage(stage, 0, total, f"{len(val_prompts)} prompts × {recipe.validation.samples} samples")
+    reports = hasattr(rollout, "progress")  # the hf engine reports each batch; vllm generates in one call
+    if reports:
+        rollout.progress = lambda done, _total: progress.stage(stage, done, total)
     rollout.wake()
-    with backend.generation_weights(engine, recipe.backend.zero_stage):
-        # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
-        result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
+    try:
+        with backend.generation_weights(engine, recipe.backend.zero_stage):
+            # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
+            result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
+    finally:
+        if reports:
+            rollout.progress = None
+    if not reports:
+        progress.stage(stage, total, total)
     # No sleep: the next thing the engine does is the next step's generation, with these same weights
     # (a level-2 sleep would discard them with no push to bring them back).
     return backend.broadcast_object(result)

@@ -343,32 +343,77 @@ def metrics_sink(run, recipe, world, start: int = 0) -> MetricsSink:
 
 
 class Progress:
-    """A rich progress bar: step, reward, KL, seconds per step and ETA (rank 0 only)."""
+    """Training progress on stderr (rank 0 only): step, reward, KL, seconds per step and ETA.
+
+    On a terminal, a rich bar, with a second bar for a validation while it runs. Elsewhere (a log file, CI, a
+    cluster job's output) rich would draw its bar once, at the end, cut to 80 columns, so plain lines instead:
+    one per step, and for a validation one when it starts, at its first progress, every TEA_PROGRESS_EVERY
+    seconds (default 30; 0 = at every report) and when it completes."""
 
     def __init__(self, total: int, start: int, enabled: bool, name: str):
         self.enabled = enabled
         if not enabled:
             return
         from rich.console import Console
+
+        self.console = Console(stderr=True)  # progress on stderr; stdout carries results only
+        self.stages: dict[str, dict[str, Any]] = {}
+        try:
+            self.every = max(0.0, float(os.environ.get("TEA_PROGRESS_EVERY", "30")))
+        except ValueError:
+            self.every = 30.0
+        self.bar: Any = None
+        if not self.console.is_terminal:
+            return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-
         self.bar = RichProgress(
-            TextColumn(f"[bold]{name}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False,
-            console=Console(stderr=True),  # progress on stderr; stdout carries results only
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False, console=self.console,
         )
         self.bar.start()
-        self.task = self.bar.add_task("train", total=total, completed=start, info="")
+        self.task = self.bar.add_task(name, total=total, completed=start, info="")
 
     def update(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         info = f"reward {record['reward_mean']:.4f} (max {record['reward_max']:.4f})  kl {record.get('kl', 0.0):.4f}  {record['time_step']:.1f}s/step"
-        self.bar.update(self.task, completed=record["step"], info=info)
-        if not self.bar.console.is_terminal:  # logs and CI: one line per step
-            self.bar.console.print(f"step {record['step']}: {info}")
+        if self.bar is not None:
+            self.bar.update(self.task, completed=record["step"], info=info)
+        else:  # logs and CI: one line per step
+            self._line(f"step {record['step']}: {info}")
+
+    def stage(self, name: str, done: int, total: int, what: str = "") -> None:
+        """Progress of a phase inside training (a validation): `done` of `total` sequences generated."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        st = self.stages.get(name)
+        if st is None or done < st["done"]:  # a new run of this stage
+            st = self.stages[name] = {"t0": now, "last": now, "done": done, "printed_progress": False, "task": None}
+            if self.bar is not None:
+                st["task"] = self.bar.add_task(name, total=total, completed=done, info=what)
+            else:
+                self._line(f"{name}: {what}, {total:,} sequences" if what else f"{name}: {total:,} sequences")
+            return
+        st["done"] = done
+        if self.bar is not None:
+            self.bar.update(st["task"], completed=done)
+            if done >= total:
+                self.bar.remove_task(st["task"])
+                del self.stages[name]
+            return
+        finished = done >= total
+        if finished or not st["printed_progress"] or now - st["last"] >= self.every:
+            st.update(last=now, printed_progress=True)
+            elapsed = now - st["t0"]
+            self._line(f"{name}: {done:,}/{total:,} sequences ({100 * done / max(total, 1):.0f}%), {elapsed:.0f}s elapsed")
+        if finished:
+            del self.stages[name]
+
+    def _line(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.bar is not None:
             self.bar.stop()

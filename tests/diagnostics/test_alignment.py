@@ -254,3 +254,26 @@ def test_completion_gradients_fall_back_to_the_loop_where_the_batched_path_canno
     auto = AL.completion_gradients(*args, log=said.append)
     assert auto.equal(AL.completion_gradients(*args, method="loop"))
     assert len(said) == 1 and "failed their check" in said[0]
+
+
+def test_alignment_plot_keeps_its_legend_off_the_curves_and_rules_that_coincide_apart(tmp_path, monkeypatch):
+    """Nine rules' legend sat inside the axes over the curves, and rules with equal cosines (GRPO, GRPO-Z)
+    were drawn exactly on top of each other."""
+    from matplotlib.figure import Figure
+    from matplotlib.transforms import Bbox
+
+    same = {"16": {"mean": 0.1, "sem": 0.01}, "32": {"mean": 0.2, "sem": 0.01}}
+    table = {"grpo": same, "grpo_z": same, "tea": {"16": {"mean": 0.3, "sem": 0.02}, "32": {"mean": 0.4, "sem": 0.02}}}
+    figs = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figs.append(self))
+    AL.plot(table, {"m": [16, 32], "N": 128}, tmp_path / "a.png")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs[0]
+    canvas = FigureCanvasAgg(fig)  # plot closed the figure (its pyplot canvas is gone)
+    canvas.draw()
+    r = canvas.get_renderer()
+    (ax,) = fig.axes
+    assert fig.legends and not Bbox.intersection(ax.get_window_extent(r), fig.legends[0].get_window_extent(r))
+    xs = [tuple(c.lines[0].get_xdata()) for c in ax.containers]  # each rule's errorbar: its data line
+    assert len(xs) == 3 and len(set(xs)) == 3  # each rule at its own x offset

@@ -140,3 +140,37 @@ def test_cli_incomplete_records_name_the_file(tmp_path):
     _write_run(tmp_path / "r", "core", 32, {"p": [float(s) for s in range(31)]})
     result = CliRunner().invoke(app, ["diagnose", "tail-fit", str(tmp_path / "r"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "core-M32.jsonl" in result.output and "missing" in result.output
+
+
+def test_plots_of_many_runs_stay_readable(tmp_path, monkeypatch):
+    """Twelve runs (the GPU study) made qq.png one row of twelve panels, 55 inches wide, and prediction.png a
+    24-entry legend over the curves: a grid of at most four panels a row, and one legend entry a run beside
+    the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.transforms import Bbox
+
+    M, rng = 32, np.random.default_rng(0)
+    runs = [tmp_path / f"run{i}" for i in range(6)]
+    for run in runs:
+        _write_run(run, "core", M, {f"p{j}": list(rng.normal(size=M)) for j in range(3)})
+    figs, save = {}, Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **k: (figs.__setitem__(str(path), self), save(self, path, **k))[1])
+    result = CliRunner().invoke(app, ["diagnose", "tail-fit", *map(str, runs), "--out", str(tmp_path / "tf"), "--fit-samples", "16"])
+    assert result.exit_code == 0, result.output
+    qq = next(f for p, f in figs.items() if "qq" in p)
+    assert [ax.get_visible() for ax in qq.axes] == [True] * 6 + [False] * 2  # 2 rows of 4
+    assert qq.get_size_inches()[0] <= 4 * 4.6 + 1e-9
+    canvas = FigureCanvasAgg(qq)
+    canvas.draw()
+    r = canvas.get_renderer()
+    for ax in qq.axes[:6]:  # each panel's legend (its prompts) off its points
+        assert not Bbox.intersection(ax.get_window_extent(r), ax.get_legend().get_window_extent(r)), ax.get_title()
+    pred = next(f for p, f in figs.items() if "prediction" in p)
+    canvas = FigureCanvasAgg(pred)
+    canvas.draw()
+    r = canvas.get_renderer()
+    (ax,) = pred.axes
+    (legend,) = pred.legends
+    assert not Bbox.intersection(ax.get_window_extent(r), legend.get_window_extent(r))
+    assert [t.get_text() for t in legend.get_texts()] == [f"run{i}" for i in range(6)] + ["predicted (K=16)", "measured"]

@@ -178,3 +178,14 @@ def test_report_imports_neither_train_nor_rollout(runs, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "BAD []" in proc.stdout
     assert (tmp_path / "r" / "delta.png").exists()
+
+
+def test_one_run_writes_no_empty_delta_plot_and_report_md_says_why(runs, tmp_path):
+    out = tmp_path / "one"
+    res = CliRunner().invoke(app, ["report", str(runs["grpo"][0]), "--bootstrap", "20", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "frontier.png").exists() and not (out / "delta.png").exists()
+    md = (out / "report.md").read_text()
+    assert "delta.png" not in md and "![frontier](frontier.png)" in md
+    assert "No delta plot: grpo is the only run" in md
+    assert "delta.png" not in json.loads((out / ".tea-report").read_text())["files"]

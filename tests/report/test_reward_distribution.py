@@ -71,3 +71,25 @@ def test_tail_window_is_never_empty_when_the_quantile_sits_at_the_maximum():
     bounded = np.concatenate([np.linspace(0.0, 0.99, 800), np.ones(200)])  # 20% at the maximum 1.0
     start, label = tail_window(bounded, centres, 0.9)
     assert start == 80 - 8 and label == "upper tail (last 8 bins; the pooled q90 is 1)"
+
+
+def test_the_upper_tail_panel_and_the_legend_hide_no_part_of_the_main_curve():
+    """The tail was an inset inside the main axes, over the curve between 0.62 and 1.0 of the axes' width;
+    it is a panel of its own, and the legend sits outside the axes, whatever the data."""
+    from matplotlib.transforms import Bbox
+
+    from teacli.report.plots import _pyplot, reward_distribution_figure
+
+    rng = np.random.default_rng(0)
+    series = {"grpo": np.concatenate([rng.beta(5, 2, 500), np.ones(300)]), "tea": rng.beta(6, 2, 800)}
+    fig = reward_distribution_figure(series, "t")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    main = fig.axes[0]
+    data_box = main.get_window_extent(renderer)  # the main curve's data region: the whole of the main axes
+    for other in fig.axes[1:]:
+        assert not Bbox.intersection(data_box, other.get_window_extent(renderer)), other.get_title()
+    legends = fig.legends + ([main.get_legend()] if main.get_legend() else [])
+    assert legends and all(not Bbox.intersection(data_box, lg.get_window_extent(renderer)) for lg in legends)
+    assert len(fig.axes) == 2 and fig.axes[1].get_xlim()[1] == pytest.approx(1.0)  # the tail panel ends at the maximum
+    _pyplot().close(fig)

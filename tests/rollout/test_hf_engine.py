@@ -65,7 +65,10 @@ def test_cut_at_eos():
 def test_shapes_prompt_major_and_completion_fields(model, tok, prompts):
     engine = HFEngine(model, tok, batch_size=5)  # 3 prompts x 4 = 12 sequences: batches of 5, 5, 2
     assert isinstance(engine, RolloutEngine)
+    reports = []
+    engine.progress = lambda done, total: reports.append((done, total))  # tea train's validation progress
     out = engine.generate(prompts, n=4, sampling=sample(max_new_tokens=6), seed=0)
+    assert reports == [(5, 12), (10, 12), (12, 12)]  # after each batch
     assert len(out) == 3 and all(len(row) == 4 for row in out)
     for row in out:
         for c in row:

@@ -178,6 +178,7 @@ def test_execution_keys_may_change_on_resume_and_are_recorded(assets, tmp_path):
     proc = tea_train(rec, run, tmp_path, *(a for c in changes for a in ("--set", c)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming {run} from step 2 of 4" in proc.stderr
+    assert "loading the trainer state of step_000002 (weights, optimizer, RNG)" in proc.stderr  # what the start-up does
     assert steps(run) == [1, 2, 3, 4] and [r["optimizer_step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2, 3, 4]
     (line,) = [json.loads(x) for x in (run / "resume.jsonl").read_text().splitlines()]
     assert line["step"] == 2 and line["changed"] == {

@@ -61,8 +61,21 @@ def load_weights(path: Path):
 
 def test_train_writes_a_complete_run_directory(assets, tmp_path):
     run = tmp_path / "run"
-    proc = tea_train(recipe(assets, tmp_path), run, tmp_path)
-    assert "step 4:" in proc.stdout + proc.stderr
+    log = tmp_path / "stderr.log"  # a log file, not a terminal: plain lines only (docs/cli.md)
+    with log.open("w") as err:
+        proc = subprocess.run([sys.executable, "-m", "teacli.cli", "train", str(recipe(assets, tmp_path)), "--run-dir", str(run)],
+                              stdout=subprocess.PIPE, stderr=err, text=True, env=env(tmp_path), timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-5000:]
+    assert "\r" not in text and "ETA" not in text and "Loading weights" not in text, text  # no tqdm redraws, no rich bar
+    lines = text.splitlines()
+    for phase in ("loading the policy", "loading the reference policy", "loading the reward", "building the trainer",
+                  "building the hf rollout engine", "step 0 validation (untrained policy): 4 prompts × 4 samples, 16 sequences",
+                  "step 0 validation (untrained policy): 16/16 sequences (100%)", "step 0 (untrained policy): validation",
+                  "step 1: reward", "step 4: reward", "step 4 validation: 16/16 sequences (100%)", "step 4: validation"):
+        assert any(line.startswith(phase) for line in lines), (phase, text)
+    setup = [next(i for i, line in enumerate(lines) if line.startswith(p)) for p in ("loading the policy", "building the trainer", "step 0 validation")]
+    assert setup == sorted(setup)
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in ("reward_mean", "reward_max", "reward_std", "adv_std", "kl", "kl_loss", "loss", "grad_norm", "grad_clipped",
