@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -407,9 +408,12 @@ class LoggingConfig:
 
 @dataclass
 class Recipe:
-    name: str = field("", "Run name; the default run directory is runs/<name>.")
+    name: str = field(
+        "", "Run name; the default run directory is runs/<name>. A name, not a path: letters, digits, '_', '.' and '-', "
+        "starting with a letter, digit or '_' (RUN_NAME); default: the recipe file's name.",
+    )
     description: str = field("", "One line on what this recipe reproduces.")
-    seed: int = field(0, "Seed for data order, sampling and the advantage rule's randomness.", ge=0)
+    seed: int = field(0, "Seed for data order, sampling and the advantage rule's randomness (0 to 2**32 - 1).", ge=0, le=2**32 - 1)
     policy: PolicyConfig = field(PolicyConfig(), "The policy model.")
     reward: RewardConfig = field(RewardConfig(), "The reward model or function.")
     data: DataConfig = field(DataConfig(), "Prompt data.")
@@ -725,8 +729,22 @@ def load_recipe_with_origin(
             raise RecipeError(f"name: empty{_where(origin, 'name')}; give the run a name, or leave name out to use "
                               f"the file's ({Path(path).stem!r})")
         recipe.name = Path(path).stem
+        if not RUN_NAME.fullmatch(recipe.name):
+            raise RecipeError(f"name: not set in {_display(path)}, and its file name {recipe.name!r} is not a run name "
+                              f"({NAME_RULE}); set name: in the recipe")
+    _check_name(recipe, origin)  # here, not in validate_recipe: a recorded run's recipe.yaml keeps the name it ran under
     validate_recipe(recipe, origin, runnable=runnable, advantage=advantage)
     return recipe, origin
+
+
+# A run name becomes one directory (runs/<name>): never a path that leaves runs/ or nests in it.
+RUN_NAME = re.compile(r"\w[\w.-]*")
+NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter, digit or '_'; a name, not a path"
+
+
+def _check_name(recipe: "Recipe", origin: dict[str, str]) -> None:
+    if recipe.name and not RUN_NAME.fullmatch(recipe.name):
+        raise RecipeError(f"name: {recipe.name!r} is not a run name ({NAME_RULE}){_where(origin, 'name')}")
 
 
 def recipe_from_dict(
@@ -841,6 +859,10 @@ def _coerce(tp: Any, value: Any, origin: dict[str, str], key: str) -> Any:
     if org is dict:
         if not isinstance(value, dict):
             raise RecipeError(f"{key}: expected a mapping, got {value!r}{where}")
+        if typing.get_args(tp)[:1] == (str,):
+            for k in value:
+                if not isinstance(k, str):
+                    raise RecipeError(f"{key}: {k!r} is not an argument name{_where(origin, key)}")
         return dict(value)
     if tp is Any:
         return value
@@ -1009,6 +1031,9 @@ def _check_advantage(recipe: Recipe, origin: dict[str, str]) -> None:
     import importlib
 
     adv = recipe.advantage
+    for k, v in adv.params.items():  # e.g. n_target: .inf, which a rule's int(n_target) cannot take
+        if isinstance(v, float) and not math.isfinite(v):
+            raise RecipeError(f"advantage.params.{k}: expected a finite number, got {v!r}{_where(origin, f'advantage.params.{k}')}")
     # The registry imports torch; a dotted user rule is checked by importing it.
     advantages = importlib.import_module("teacli.advantages")
     try:
@@ -1023,7 +1048,7 @@ def _check_advantage(recipe: Recipe, origin: dict[str, str]) -> None:
     dummy = torch.linspace(0.0, 1.0, 2 * m, dtype=torch.float64).reshape(2, m)
     try:
         advantages.compute_advantages(adv.name, dummy, **adv.params)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise RecipeError(
             f"advantage / rollout.group_size: {exc}{_where(origin, 'rollout.group_size', 'advantage.name', 'advantage.params')}"
         ) from None
