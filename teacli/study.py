@@ -235,6 +235,14 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
     split = _text(ev.get("split", "core250"), f"{path}: eval.split")
     n = _positive_int(ev.get("n", 256), f"{path}: eval.n")
     _check_outputs(path, loaded, split, n, checkpoint, endpoints)
+    runs_dir = Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir"))
+    for parent in (runs_dir, *runs_dir.parents):  # the nearest part that exists must be a directory (a dry run checks it too)
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                what = f"runs_dir {str(runs_dir)!r}" + ("" if parent == runs_dir else f": {str(parent)!r}")
+                raise StudyError(f"{path}: {what} is {'a file' if parent.is_file() else 'not a directory'}; the study's run "
+                                 f"directories go under runs_dir: name a directory (or a path that does not exist yet)")
+            break
     return Study(
         name=name,
         recipes=recipes,
@@ -248,7 +256,7 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
         bootstrap=_positive_int(rep.get("bootstrap", 1000), f"{path}: report.bootstrap"),
         seed=_positive_int(rep.get("seed", 0), f"{path}: report.seed", minimum=0),
         endpoints=endpoints,
-        runs_dir=Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir")),
+        runs_dir=runs_dir,
         launcher=launch,
         seeds=seeds,
         base=base,
