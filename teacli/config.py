@@ -186,7 +186,11 @@ class RewardConfig:
     )
     params: dict[str, Any] = field({}, "Keyword arguments for the rule or python reward.")
     url: str | None = field(None, "kind remote: the reward server's endpoint, e.g. http://rm-host:5000/get_reward (the URL OpenRLHF's --remote_rm_url takes).")
-    timeout_s: float = field(300.0, "kind remote: seconds one request may take before it counts as failed and is retried.", gt=0.0)
+    timeout_s: float | None = field(
+        None, "kind remote: seconds one request may take before it counts as failed and is retried (null = 300); kind python: "
+        "seconds one call of the function may take before the run stops with an error naming it (null = no limit; a call "
+        "still running says so on stderr every TEA_PROGRESS_EVERY seconds, default 30).", gt=0.0,
+    )
     concurrency: int = field(4, "kind remote: requests in flight at once (per training process).", ge=1)
     max_retries: int = field(5, "kind remote: retries of a request after a connection error, timeout, HTTP 429 or 5xx (exponential backoff from 0.5 s) before the run stops.", ge=0)
     token_env: str | None = field(None, "kind remote: environment variable holding a bearer token for the server (`tea serve-rm --token-env`); the token itself is never written to the run directory.")
@@ -447,6 +451,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "logging",
     # how far: raise it to extend a run (`tea train` refuses it where the learning-rate schedule depends on it)
     "optim.steps",
+    # when to give up on the reward (a remote request, a python call): not what it computes
+    "reward.timeout_s",
 })
 """Recipe keys that say how a run executes, not what it computes (dotted names; a section name covers all
 its keys): resuming a run directory accepts a change of these, records it in resume.jsonl, and refuses a
@@ -1002,6 +1008,10 @@ def _check_python_reward(r: RewardConfig, origin: dict[str, str]) -> None:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise RecipeError(f"reward.function: cannot import module {module_name!r} of {r.function!r}: {exc}{where}") from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed (or exited) while it was imported
+        text = " ".join(str(exc).split())[:300]
+        raise RecipeError(f"reward.function: importing module {module_name!r} of {r.function!r} raised "
+                          f"{type(exc).__name__}{f': {text}' if text else ''}{where}") from None
     for part in attr.split("."):
         target = getattr(target, part, None)
     if not callable(target):

@@ -475,3 +475,14 @@ def test_run_names_and_file_names_that_are_names_load(tmp_path):
     assert load_recipe(write(tmp_path / "my_recipe-s0.yaml", RUNNABLE), advantage=False).name == "my_recipe-s0"
     with pytest.raises(RecipeError, match=r"name: not set in .*my recipe.yaml, and its file name 'my recipe' is not a run name"):
         load_recipe(write(tmp_path / "my recipe.yaml", RUNNABLE), advantage=False)
+
+
+@pytest.mark.parametrize("code, message", [("import sys\nsys.exit(0)\n", "SystemExit: 0"), ("x = {}['k']\n", "KeyError: 'k'")])
+def test_a_reward_module_that_fails_on_import_is_a_recipe_error(tmp_path, monkeypatch, code, message):
+    # Before: the SystemExit ended `tea recipes show` with exit 0 and no output; the KeyError was a traceback.
+    (tmp_path / "import_fails.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = write(tmp_path / "r.yaml", RUNNABLE + "reward: {kind: python, function: 'import_fails:f'}\n")
+    with pytest.raises(RecipeError, match=rf"^reward.function: importing module 'import_fails' of 'import_fails:f' raised "
+                                          rf"{message} \(set in .*r.yaml\)$"):
+        load_recipe(p, advantage=False)

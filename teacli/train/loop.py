@@ -468,6 +468,9 @@ def _is_write_error(exc: Exception) -> bool:
 # The run
 
 
+REWARD_ERROR_LOG = "reward_error.log"  # the traceback of the user's reward code that stopped the run
+
+
 def train(recipe: "Recipe", run_dir: Path) -> Path:
     """Run (or resume) training of `recipe` into `run_dir`; returns the run directory.
 
@@ -504,7 +507,16 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
             say(world, f"{run.path} is already complete at step {start.step} (optim.steps={recipe.optim.steps}); "
                         f"raise optim.steps to train further")
         else:
-            _train_steps(recipe, run, world, start, is_level)
+            from teacli.rewards import RewardError
+
+            try:
+                _train_steps(recipe, run, world, start, is_level)
+            except RewardError as exc:  # the user's reward failed: one line, its traceback beside the records
+                log = world.is_main and run.recipe.exists()  # not into a directory a failed start leaves empty
+                raise TrainError(exc.logged(run.path / REWARD_ERROR_LOG) if log else str(exc)) from None
+            except SystemExit as exc:  # code the run called (a user's advantage rule, a library) exited: not a finished run
+                raise TrainError(f"training of {run.path} stopped: code it called exited (sys.exit({exc.code!r})) without "
+                                 f"finishing the run; rerun the command to resume from its last checkpoint") from None
     if world.world_size > 1:  # every rank finished: tear the group down now, or a rank can abort at interpreter exit
         backend.close_world()  # ("terminate called without an active exception", exit -6) after a complete run
     return run.path
