@@ -186,10 +186,10 @@ class RewardConfig:
     )
     params: dict[str, Any] = field({}, "Keyword arguments for the rule or python reward.")
     url: str | None = field(None, "kind remote: the reward server's endpoint, e.g. http://rm-host:5000/get_reward (the URL OpenRLHF's --remote_rm_url takes).")
-    timeout_s: float | None = field(
-        None, "kind remote: seconds one request may take before it counts as failed and is retried (null = 300); kind python: "
-        "seconds one call of the function may take before the run stops with an error naming it (null = no limit; a call "
-        "still running says so on stderr every TEA_PROGRESS_EVERY seconds, default 30).", gt=0.0,
+    timeout_s: float = field(
+        300.0, "kind remote: seconds one request may take before it counts as failed and is retried; kind python: seconds "
+        "one call of the function may take before the command stops with an error naming it (a call still running says "
+        "so on stderr every TEA_PROGRESS_EVERY seconds, default 30). It may change when a run resumes.", gt=0.0,
     )
     concurrency: int = field(4, "kind remote: requests in flight at once (per training process).", ge=1)
     max_retries: int = field(5, "kind remote: retries of a request after a connection error, timeout, HTTP 429 or 5xx (exponential backoff from 0.5 s) before the run stops.", ge=0)

@@ -145,7 +145,7 @@ class RemoteReward:
             return tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
 
         return cls(cfg.url, render, tokenizer.eos_token or "", batch_size=cfg.batch_size, concurrency=cfg.concurrency,
-                   timeout_s=300.0 if cfg.timeout_s is None else cfg.timeout_s, max_retries=cfg.max_retries, token=token)
+                   timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, token=token)
 
     # -- the request ------------------------------------------------------------------------------
 

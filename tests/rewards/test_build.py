@@ -226,7 +226,8 @@ def test_a_python_reward_still_running_says_so_and_one_past_reward_timeout_s_sto
     monkeypatch.setenv("TEA_PROGRESS_EVERY", "0.2")
     assert checked_score(python_reward("bad_rewards:slow"), PROMPTS, ["a", "b", "c"]).tolist() == [1.0] * 3
     err = capfd.readouterr().err
-    assert err.splitlines()[0] == "waiting for the reward function bad_rewards:slow (scoring 3 responses): 0s so far"
+    assert err.splitlines()[0] == ("waiting for the reward function bad_rewards:slow (scoring 3 responses): 0s so far, "
+                                   "reward.timeout_s=300")
     assert len(err.splitlines()) == 2  # at 0.2 s and 0.4 s, then it returned
 
     t0 = time.monotonic()
