@@ -149,7 +149,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 # What `tea train` and the other stages write into a run directory (besides hidden temporary and lock files).
 RUN_FILES = frozenset({
     "recipe.yaml", "metrics.jsonl", "validation.jsonl", "selected.json", "data.json", "trackers.json", "ranks.jsonl",
-    "checkpoints", "eval", "judge", "tensorboard", "wandb", "tail_check_warning.txt",
+    "checkpoints", "eval", "judge", "tensorboard", "wandb", "tail_check_warning.txt", "reward_error.log",
 })
 
 
