@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from teacli.eval.stats import grouped_bon, powers_of_two_dividing
-from teacli.rundir import exclusive, write_text_atomic, writing
+from teacli.rundir import exclusive, with_traceback_file, write_text_atomic, writing
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
@@ -330,7 +330,7 @@ def evaluate(
         try:
             return _evaluate_locked(run, recipe, ckpt, files, settings, split, M, data_dir, prompts, progress, log)
         except RewardError as exc:  # the user's reward failed: one line, its traceback beside the records
-            raise EvalError(exc.logged(files.records.with_name(f"{split}-M{M}.reward_error.log"))) from None
+            raise EvalError(with_traceback_file(str(exc), exc.details, files.records.with_name(f"{split}-M{M}.reward_error.log"))) from None
         except SystemExit as exc:  # code the evaluation called exited: not a finished evaluation
             raise EvalError(f"evaluating {run} stopped: code it called exited (sys.exit({exc.code!r})); the records "
                             f"written so far are kept, rerun the command to go on") from None

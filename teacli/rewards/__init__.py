@@ -20,8 +20,8 @@ that names the reward and the first bad row, instead of letting one NaN poison a
 
 A python reward is the user's code: `call_user` runs each call of it. Whatever it raises, a
 `sys.exit()` included, becomes one `RewardError` naming the function ("the reward function
-pkg.mod:f raised KeyError: 'x'") that keeps the user's traceback (`RewardError.logged` writes it
-beside the run's records); Ctrl-C stays Ctrl-C. A call still running after TEA_PROGRESS_EVERY seconds
+pkg.mod:f raised KeyError: 'x'") that keeps the user's traceback (the command that met it writes it
+beside the run's records: teacli.rundir.with_traceback_file); Ctrl-C stays Ctrl-C. A call still running after TEA_PROGRESS_EVERY seconds
 (default 30) says so on stderr, and again at that interval; one running past `reward.timeout_s`
 stops with a RewardError naming the function (measured by SIGALRM, so only for calls made in the
 main thread: the trainer's and eval-bon's).
@@ -37,8 +37,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import torch
 
     from teacli.config import RewardConfig
@@ -153,19 +151,6 @@ class RewardError(ValueError):
     def __init__(self, message: str, details: str = "", original: BaseException | None = None) -> None:
         super().__init__(message)
         self.details, self.original = details, original
-
-    def logged(self, path: "Path") -> str:
-        """The message, naming `path` after writing the traceback there (replacing an older one)."""
-        from teacli.rundir import write_text_atomic
-
-        if not self.details:
-            return str(self)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, self.details)
-        except OSError:
-            return str(self)
-        return f"{self} (its traceback: {path})"
 
 
 def user_error(exc: BaseException, who: str, what: str = "") -> RewardError:

@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teacli.rundir import RunDir, step_dir_name, write_text_atomic, writing
+from teacli.rundir import RunDir, step_dir_name, with_traceback_file, write_text_atomic, writing
 from teacli.train.checkpoint import save_hf_model
 from teacli.train.errors import Interrupted, TrainError
 from teacli.train.resume import Start, check_run_dir, commit_run_dir, on_rank0, run_lock, say
@@ -513,7 +513,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
                 _train_steps(recipe, run, world, start, is_level)
             except RewardError as exc:  # the user's reward failed: one line, its traceback beside the records
                 log = world.is_main and run.recipe.exists()  # not into a directory a failed start leaves empty
-                raise TrainError(exc.logged(run.path / REWARD_ERROR_LOG) if log else str(exc)) from None
+                raise TrainError(with_traceback_file(str(exc), exc.details, run.path / REWARD_ERROR_LOG) if log else str(exc)) from None
             except SystemExit as exc:  # code the run called (a user's advantage rule, a library) exited: not a finished run
                 raise TrainError(f"training of {run.path} stopped: code it called exited (sys.exit({exc.code!r})) without "
                                  f"finishing the run; rerun the command to resume from its last checkpoint") from None

@@ -186,7 +186,9 @@ def test_an_error_inside_a_python_reward_names_the_function_and_keeps_its_traceb
     assert str(err.value) == f"the reward function bad_rewards:{function} raised {message}"
     assert err.value.details.startswith("Traceback") and line in err.value.details
     log = tmp_path / "run" / "reward_error.log"
-    assert err.value.logged(log) == f"{err.value} (its traceback: {log})"
+    from teacli.rundir import with_traceback_file
+
+    assert with_traceback_file(str(err.value), err.value.details, log) == f"{err.value} (its traceback: {log})"
     assert log.read_text() == err.value.details
 
 
