@@ -96,7 +96,7 @@ def load_python_reward(path: str, params: dict[str, Any] | None = None, timeout_
     params = dict(params or {})
     if isinstance(target, type):
         try:
-            obj = call_user(target, (), params, name=path, timeout_s=timeout_s, what="building it")
+            obj = call_user(target, (), params, name=path, what="building it")  # no limit: it may download a model
         except RewardError as exc:
             if isinstance(exc.original, TypeError):
                 raise ValueError(f"reward.params: {exc.original} (building {path})") from None
