@@ -21,10 +21,10 @@ that names the reward and the first bad row, instead of letting one NaN poison a
 A python reward is the user's code: `call_user` runs each call of it. Whatever it raises, a
 `sys.exit()` included, becomes one `RewardError` naming the function ("the reward function
 pkg.mod:f raised KeyError: 'x'") that keeps the user's traceback (the command that met it writes it
-beside the run's records: teacli.rundir.with_traceback_file); Ctrl-C stays Ctrl-C. A call still running after TEA_PROGRESS_EVERY seconds
-(default 30) says so on stderr, and again at that interval; one running past `reward.timeout_s`
-stops with a RewardError naming the function (measured by SIGALRM, so only for calls made in the
-main thread: the trainer's and eval-bon's).
+beside the run's records: teacli.rundir.with_traceback_file); Ctrl-C stays Ctrl-C. A call still
+running after TEA_PROGRESS_EVERY seconds (default 30) says so on stderr, and again at that interval;
+one running past `reward.timeout_s` stops with a RewardError naming the function (measured by
+SIGALRM, so only for calls made in the main thread: the trainer's and eval-bon's).
 """
 
 from __future__ import annotations
