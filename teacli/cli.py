@@ -63,7 +63,15 @@ def _os_error_message(exc: OSError) -> str:
     what = (exc.strerror or str(exc)).rstrip(".")
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
     head = f"{' -> '.join(paths)}: {what[:1].lower()}{what[1:]}" if paths else what
+    cache = os.environ.get("TEA_CACHE")
+    if cache and any(_under(p, cache) for p in paths):  # the user's setting made that path: name it
+        return f"{head}; it is in tea's cache, TEA_CACHE={cache}: set TEA_CACHE to a directory tea can create and write (or unset it for ~/.cache/tea)"
     return f"{head}; {_FS_HINTS[exc.errno]}" if _FS_HINTS.get(exc.errno) else head
+
+
+def _under(path: str, root: str) -> bool:
+    a, b = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(root))
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
 
 
 def _tidy_params(cmd: Any, ctx: Any) -> None:
@@ -777,7 +785,7 @@ def eval_bon(
     from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.text import Text
 
-    from teacli.eval.bon import EvalError, default_run_dir, evaluate, init_base_arm
+    from teacli.eval.bon import EvalError, EvalInterrupted, default_run_dir, evaluate, init_base_arm
 
     _plain_progress()
 
@@ -803,7 +811,7 @@ def eval_bon(
     if not run_dirs:
         why = "the current directory" if runs[0] == Path.cwd() else "the most recently active run under runs/"
         typer.echo(f"no RUN_DIR given: evaluating {runs[0]} ({why})", err=True)
-    for run in runs:
+    for i, run in enumerate(runs):
         columns = (TextColumn(run.name), BarColumn(), MofNCompleteColumn(), Speed(), TimeElapsedColumn(), TimeRemainingColumn())
         try:
             with _LazyBar(*columns, console=console, label=run.name) as bar:
@@ -812,6 +820,16 @@ def eval_bon(
         except (EvalError, ValueError) as exc:
             _fail(str(exc) if str(run) in str(exc) else f"{run}: {exc}")
             return
+        except KeyboardInterrupt as exc:  # Ctrl-C: what is on disk, and the command that goes on from it (this run and the rest)
+            import shlex
+
+            where = str(exc) if isinstance(exc, EvalInterrupted) else f"interrupted before evaluating {run} (nothing sampled in it)"
+            again = ["tea", "eval-bon", *(str(r) for r in runs[i:]), *(["--n", str(n)] if n else []),
+                     *(["--split", split] if split else []), *(["--checkpoint", checkpoint] if checkpoint != "selected" else []),
+                     *(["--data-dir", data_dir] if data_dir else []), *(["--recipe", recipe] if recipe else []),
+                     *(a for item in set_ for a in ("--set", item))]
+            typer.echo(f"{where}; to go on from there, run: {shlex.join(again)}", err=True)
+            raise typer.Exit(130)
         s = result.summary
         values = "  ".join(f"bo{k} {v:.3f}" for k, v in zip(s["N"], s["mean"]))
         typer.echo(f"{run} (checkpoint {s['checkpoint']}, {s['split']}, M={s['M']}, {result.prompts} prompts): {values}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -185,7 +186,11 @@ class RewardConfig:
     )
     params: dict[str, Any] = field({}, "Keyword arguments for the rule or python reward.")
     url: str | None = field(None, "kind remote: the reward server's endpoint, e.g. http://rm-host:5000/get_reward (the URL OpenRLHF's --remote_rm_url takes).")
-    timeout_s: float = field(300.0, "kind remote: seconds one request may take before it counts as failed and is retried.", gt=0.0)
+    timeout_s: float = field(
+        300.0, "kind remote: seconds one request may take before it counts as failed and is retried; kind python: seconds "
+        "one call of the function may take before the command stops with an error naming it (a call still running says "
+        "so on stderr every TEA_PROGRESS_EVERY seconds, default 30). It may change when a run resumes.", gt=0.0,
+    )
     concurrency: int = field(4, "kind remote: requests in flight at once (per training process).", ge=1)
     max_retries: int = field(5, "kind remote: retries of a request after a connection error, timeout, HTTP 429 or 5xx (exponential backoff from 0.5 s) before the run stops.", ge=0)
     token_env: str | None = field(None, "kind remote: environment variable holding a bearer token for the server (`tea serve-rm --token-env`); the token itself is never written to the run directory.")
@@ -414,9 +419,12 @@ class LoggingConfig:
 
 @dataclass
 class Recipe:
-    name: str = field("", "Run name; the default run directory is runs/<name>.")
+    name: str = field(
+        "", "Run name; the default run directory is runs/<name>. A name, not a path: letters, digits, '_', '.' and '-', "
+        "starting with a letter, digit or '_' (RUN_NAME); default: the recipe file's name.",
+    )
     description: str = field("", "One line on what this recipe reproduces.")
-    seed: int = field(0, "Seed for data order, sampling and the advantage rule's randomness.", ge=0)
+    seed: int = field(0, "Seed for data order, sampling and the advantage rule's randomness (0 to 2**32 - 1).", ge=0, le=2**32 - 1)
     policy: PolicyConfig = field(PolicyConfig(), "The policy model.")
     reward: RewardConfig = field(RewardConfig(), "The reward model or function.")
     data: DataConfig = field(DataConfig(), "Prompt data.")
@@ -451,6 +459,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "logging",
     # how far: raise it to extend a run (`tea train` refuses it where the learning-rate schedule depends on it)
     "optim.steps",
+    # when to give up on the reward (a remote request, a python call): not what it computes
+    "reward.timeout_s",
 })
 """Recipe keys that say how a run executes, not what it computes (dotted names; a section name covers all
 its keys): resuming a run directory accepts a change of these, records it in resume.jsonl, and refuses a
@@ -733,8 +743,22 @@ def load_recipe_with_origin(
             raise RecipeError(f"name: empty{_where(origin, 'name')}; give the run a name, or leave name out to use "
                               f"the file's ({Path(path).stem!r})")
         recipe.name = Path(path).stem
+        if not RUN_NAME.fullmatch(recipe.name):
+            raise RecipeError(f"name: not set in {_display(path)}, and its file name {recipe.name!r} is not a run name "
+                              f"({NAME_RULE}); set name: in the recipe")
+    _check_name(recipe, origin)  # here, not in validate_recipe: a recorded run's recipe.yaml keeps the name it ran under
     validate_recipe(recipe, origin, runnable=runnable, advantage=advantage)
     return recipe, origin
+
+
+# A run name becomes one directory (runs/<name>): never a path that leaves runs/ or nests in it.
+RUN_NAME = re.compile(r"\w[\w.-]*")
+NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter, digit or '_'; a name, not a path"
+
+
+def _check_name(recipe: "Recipe", origin: dict[str, str]) -> None:
+    if recipe.name and not RUN_NAME.fullmatch(recipe.name):
+        raise RecipeError(f"name: {recipe.name!r} is not a run name ({NAME_RULE}){_where(origin, 'name')}")
 
 
 def recipe_from_dict(
@@ -849,6 +873,10 @@ def _coerce(tp: Any, value: Any, origin: dict[str, str], key: str) -> Any:
     if org is dict:
         if not isinstance(value, dict):
             raise RecipeError(f"{key}: expected a mapping, got {value!r}{where}")
+        if typing.get_args(tp)[:1] == (str,):
+            for k in value:
+                if not isinstance(k, str):
+                    raise RecipeError(f"{key}: {k!r} is not an argument name{_where(origin, key)}")
         return dict(value)
     if tp is Any:
         return value
@@ -988,6 +1016,10 @@ def _check_python_reward(r: RewardConfig, origin: dict[str, str]) -> None:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise RecipeError(f"reward.function: cannot import module {module_name!r} of {r.function!r}: {exc}{where}") from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed (or exited) while it was imported
+        text = " ".join(str(exc).split())[:300]
+        raise RecipeError(f"reward.function: importing module {module_name!r} of {r.function!r} raised "
+                          f"{type(exc).__name__}{f': {text}' if text else ''}{where}") from None
     for part in attr.split("."):
         target = getattr(target, part, None)
     if not callable(target):
@@ -1017,6 +1049,9 @@ def _check_advantage(recipe: Recipe, origin: dict[str, str]) -> None:
     import importlib
 
     adv = recipe.advantage
+    for k, v in adv.params.items():  # e.g. n_target: .inf, which a rule's int(n_target) cannot take
+        if isinstance(v, float) and not math.isfinite(v):
+            raise RecipeError(f"advantage.params.{k}: expected a finite number, got {v!r}{_where(origin, f'advantage.params.{k}')}")
     # The registry imports torch; a dotted user rule is checked by importing it.
     advantages = importlib.import_module("teacli.advantages")
     try:
@@ -1031,7 +1066,7 @@ def _check_advantage(recipe: Recipe, origin: dict[str, str]) -> None:
     dummy = torch.linspace(0.0, 1.0, 2 * m, dtype=torch.float64).reshape(2, m)
     try:
         advantages.compute_advantages(adv.name, dummy, **adv.params)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise RecipeError(
             f"advantage / rollout.group_size: {exc}{_where(origin, 'rollout.group_size', 'advantage.name', 'advantage.params')}"
         ) from None

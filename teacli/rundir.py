@@ -226,10 +226,23 @@ def write_text_atomic(path: Path, text: str) -> None:
             raise
 
 
+def with_traceback_file(message: str, details: str, path: Path) -> str:
+    """`message`, naming `path` after writing `details` (e.g. the user's traceback) there; the message alone when
+    there is nothing to write or it cannot be written (the error it reports matters more)."""
+    if not details:
+        return message
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, details)
+    except OSError:
+        return message
+    return f"{message} (its traceback: {path})"
+
+
 # What `tea train` and the other stages write into a run directory (besides hidden temporary and lock files).
 RUN_FILES = frozenset({
     "recipe.yaml", "metrics.jsonl", "validation.jsonl", "selected.json", "data.json", "trackers.json", "ranks.jsonl",
-    "checkpoints", "eval", "judge", "tensorboard", "wandb", "tail_check_warning.txt",
+    "checkpoints", "eval", "judge", "tensorboard", "wandb", "tail_check_warning.txt", "reward_error.log",
 })
 
 

@@ -237,6 +237,14 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
     _check_outputs(path, loaded, split, n, checkpoint, endpoints)
     from teacli.eval.stats import MIN_RESAMPLES
 
+    runs_dir = Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir"))
+    for parent in (runs_dir, *runs_dir.parents):  # the nearest part that exists must be a directory (a dry run checks it too)
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                what = f"runs_dir {str(runs_dir)!r}" + ("" if parent == runs_dir else f": {str(parent)!r}")
+                raise StudyError(f"{path}: {what} is {'a file' if parent.is_file() else 'not a directory'}; the study's run "
+                                 f"directories go under runs_dir: name a directory (or a path that does not exist yet)")
+            break
     return Study(
         name=name,
         recipes=recipes,
@@ -250,7 +258,7 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
         bootstrap=_positive_int(rep.get("bootstrap", 1000), f"{path}: report.bootstrap", minimum=MIN_RESAMPLES),
         seed=_positive_int(rep.get("seed", 0), f"{path}: report.seed", minimum=0),
         endpoints=endpoints,
-        runs_dir=Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir")),
+        runs_dir=runs_dir,
         launcher=launch,
         seeds=seeds,
         base=base,

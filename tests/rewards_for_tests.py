@@ -87,3 +87,11 @@ def slow_half_flat_length_reward(prompts, responses):
 
 def constant_reward(prompts, responses):
     return [1.0] * len(responses)
+
+
+def json_error_reward(prompts, responses):
+    """A reward whose own parsing fails with a ValueError (json's), the kind that used to reach the user as a
+    bare "error: Expecting property name ..." naming neither the reward nor where it was raised."""
+    import json
+
+    return [json.loads("{bad: 1}") for _ in responses]

@@ -260,3 +260,17 @@ def test_a_vllm_kwarg_tea_sets_itself_stops_train_and_eval_bon_with_one_line(tmp
     line = one_line_error(tea("eval-bon", str(tmp_path / "run"), "--recipe", "quickstart", "--checkpoint", "base",
                               "--set", "rollout.vllm_kwargs={enforce_eager: true}", check=False))
     assert "rollout.vllm_kwargs.enforce_eager: tea sets vLLM's enforce_eager itself (set by --set): set rollout.compile" in line
+
+
+def test_a_cache_tea_cannot_create_names_tea_cache(tmp_path, monkeypatch):
+    """TEA_CACHE=/proc/x: the error named /proc/x only, never the variable that put the cache there."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    monkeypatch.setenv("TEA_CACHE", "/proc/x")
+    res = CliRunner().invoke(app, ["eval-bon", str(tmp_path / "arm"), "--recipe", "quickstart", "--checkpoint", "base"])
+    assert res.exit_code == 2 and "Traceback" not in res.output and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert res.stderr.startswith("error: /proc/x")
+    assert ("it is in tea's cache, TEA_CACHE=/proc/x: set TEA_CACHE to a directory tea can create and write (or unset "
+            "it for ~/.cache/tea)") in " ".join(res.stderr.split())

@@ -431,3 +431,58 @@ def test_rollout_kv_cache_gib_takes_null_a_size_or_auto(tmp_path):
         load_recipe(path, ["rollout.kv_cache_gib=0"])
     with pytest.raises(RecipeError, match=r"^rollout.kv_cache_gib: 'big' has the wrong type"):
         load_recipe(path, ["rollout.kv_cache_gib=big"])
+
+
+@pytest.mark.parametrize(
+    "text, override, message",
+    [
+        ("advantage: {name: tea, params: {1: 2}}", None, r"advantage.params: 1 is not an argument name \(set in .*r.yaml\)"),
+        ("", "advantage.params={1: 2}", r"advantage.params: 1 is not an argument name \(set by --set\)"),
+        ("reward: {kind: rule, params: {2: x}}", None, r"reward.params: 2 is not an argument name"),
+        ("advantage: {name: tea, params: {n_target: .inf}}", None,
+         r"advantage.params.n_target: expected a finite number, got inf \(set in .*r.yaml\)"),
+        ("advantage: {name: tea, params: {alpha: .nan}}", None, r"advantage.params.alpha: expected a finite number, got nan"),
+        ("seed: 18446744073709551617", None, r"seed: 18446744073709551617 is out of range: must be <= 4294967295 \(set in .*r.yaml\)"),
+        ("", "seed=4294967296", r"seed: 4294967296 is out of range: must be <= 4294967295 \(set by --set\)"),
+    ],
+)
+def test_parameter_keys_infinite_parameters_and_huge_seeds_are_one_line_errors(tmp_path, text, override, message):
+    # Before: a TypeError traceback from joining the int key, an OverflowError from int(inf) (also in
+    # `tea recipes validate`), and "Overflow when unpacking long long" once training seeded torch.
+    p = write(tmp_path / "r.yaml", RUNNABLE + "rollout: {group_size: 8}\n" + text + "\n")
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(p, [override] if override else [])
+
+
+def test_the_largest_seed_loads(tmp_path):
+    p = write(tmp_path / "r.yaml", RUNNABLE + "seed: 4294967295\n")
+    assert load_recipe(p, advantage=False).seed == 2**32 - 1
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "a/b", "/abs/path", "..", ".hidden", "-x", "a b", "a\\\\b"])
+@pytest.mark.parametrize("how", ["file", "set"])
+def test_a_run_name_is_a_name_not_a_path(tmp_path, name, how):
+    # The name becomes runs/<name>: `../../etc/x` wrote the run outside runs/, `a/b` nested, `/abs/path` was accepted.
+    text, overrides = (RUNNABLE + f"name: {name!r}\n", []) if how == "file" else (RUNNABLE, [f"name={name}"])
+    p = write(tmp_path / "r.yaml", text)
+    where = r"\(set by --set\)" if how == "set" else r"\(set in .*r.yaml\)"
+    with pytest.raises(RecipeError, match=rf"^name: .* is not a run name \(letters, digits, '_', '.' and '-', .*\) {where}$"):
+        load_recipe(p, overrides, advantage=False)
+
+
+def test_run_names_and_file_names_that_are_names_load(tmp_path):
+    assert load_recipe(write(tmp_path / "r.yaml", RUNNABLE + "name: uf_llama1b-tea.v2\n"), advantage=False).name == "uf_llama1b-tea.v2"
+    assert load_recipe(write(tmp_path / "my_recipe-s0.yaml", RUNNABLE), advantage=False).name == "my_recipe-s0"
+    with pytest.raises(RecipeError, match=r"name: not set in .*my recipe.yaml, and its file name 'my recipe' is not a run name"):
+        load_recipe(write(tmp_path / "my recipe.yaml", RUNNABLE), advantage=False)
+
+
+@pytest.mark.parametrize("code, message", [("import sys\nsys.exit(0)\n", "SystemExit: 0"), ("x = {}['k']\n", "KeyError: 'k'")])
+def test_a_reward_module_that_fails_on_import_is_a_recipe_error(tmp_path, monkeypatch, code, message):
+    # Before: the SystemExit ended `tea recipes show` with exit 0 and no output; the KeyError was a traceback.
+    (tmp_path / "import_fails.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = write(tmp_path / "r.yaml", RUNNABLE + "reward: {kind: python, function: 'import_fails:f'}\n")
+    with pytest.raises(RecipeError, match=rf"^reward.function: importing module 'import_fails' of 'import_fails:f' raised "
+                                          rf"{message} \(set in .*r.yaml\)$"):
+        load_recipe(p, advantage=False)

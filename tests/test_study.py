@@ -417,3 +417,17 @@ def test_seeds_runs_part_of_a_study_without_its_report():
         res = CliRunner().invoke(app, ["study", *args, "--dry-run"])
         assert res.exit_code == 2 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1, res.output
         assert message in res.stderr
+
+
+@pytest.mark.parametrize("under", ["", "/sub"])
+def test_a_runs_dir_that_is_a_file_fails_the_dry_run(tmp_path, under):
+    # Before: `tea study --dry-run` listed the stages and exited 0; the real run failed at its first stage.
+    (tmp_path / "taken").write_text("not a directory\n")
+    bad = tmp_path / "s.yaml"
+    bad.write_text(f"recipes: [quickstart]\nruns_dir: {tmp_path / 'taken'}{under}\n")
+    res = CliRunner().invoke(app, ["study", str(bad), "--dry-run"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert res.stderr.startswith(f"error: {bad}: runs_dir '{tmp_path / 'taken'}{under}'")
+    assert "is a file; the study's run directories go under runs_dir" in " ".join(res.stderr.split())
+    bad.write_text(f"recipes: [quickstart]\nruns_dir: {tmp_path / 'new' / 'runs'}\n")  # not there yet: created when it runs
+    assert CliRunner().invoke(app, ["study", str(bad), "--dry-run"]).exit_code == 0

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from teacli.eval.stats import grouped_bon, powers_of_two_dividing
-from teacli.rundir import exclusive, write_text_atomic, writing
+from teacli.rundir import exclusive, with_traceback_file, write_text_atomic, writing
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
@@ -61,6 +61,10 @@ _COMPARED = ("split", "M", "checkpoint", "checkpoint_path", "seed", "sampling", 
 
 class EvalError(RuntimeError):
     """An evaluation problem the user can act on (named file, run or option)."""
+
+
+class EvalInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an evaluation; its text says what is safely on disk (whole records only)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -353,8 +357,35 @@ def evaluate(
             log(f"rollout.engine auto: {engine} ({why})")
     ckpt.eval_dir.mkdir(parents=True, exist_ok=True)
     busy = f"another `tea eval-bon` is writing {ckpt.eval_dir} (lock {files.lock.name}); wait for it to finish"
+    from teacli.rewards import RewardError
+
     with exclusive(files.lock, busy, EvalError):
-        return _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_dir, prompts, progress, log)
+        try:
+            return _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_dir, prompts, progress, log)
+        except RewardError as exc:  # the user's reward failed: one line, its traceback beside the records
+            raise EvalError(with_traceback_file(str(exc), exc.details, files.records.with_name(f"{split}-M{M}.reward_error.log"))) from None
+        except SystemExit as exc:  # code the evaluation called exited: not a finished evaluation
+            raise EvalError(f"evaluating {run} stopped: code it called exited (sys.exit({exc.code!r})); the records "
+                            f"written so far are kept, rerun the command to go on") from None
+        except KeyboardInterrupt:
+            raise EvalInterrupted(stopped_at(run, files, M)) from None
+
+
+def stopped_at(run: Path, files: EvalFiles, M: int) -> str:
+    """Where an interrupted evaluation stopped: the whole records on disk (what a rerun keeps)."""
+    try:
+        records = read_records(files.records)
+        prompts = [line for line in files.prompts.read_text(encoding="utf-8").split("\n") if line.strip()] if files.prompts.exists() else []
+    except (EvalError, OSError, ValueError):
+        return f"interrupted while evaluating {run} (its records so far: {files.records})"
+    if not records:
+        return f"interrupted while evaluating {run}, before its first prompt's completions were written"
+    per_prompt: dict[str, int] = {}
+    for rec in records:
+        per_prompt[rec["prompt_id"]] = per_prompt.get(rec["prompt_id"], 0) + 1
+    complete = sum(1 for n in per_prompt.values() if n >= M)
+    return (f"interrupted while evaluating {run}: {len(records):,} of {len(prompts) * M:,} completions are written to "
+            f"{files.records} ({complete} of {len(prompts)} prompts complete)")
 
 
 def _split_prompts(recipe: "Recipe", split: str, data_dir: str | None) -> list:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from teacli.rewards import RewardFunction, build_reward, checked_score
+from teacli.rewards import RewardError, RewardFunction, build_reward, checked_score
 from teacli.types import Prompt
 
 if TYPE_CHECKING:
@@ -192,6 +192,8 @@ def build_app(reward: RewardFunction, token: str | None = None, label: str = "re
                     payload = {"rewards": scores, "scores": scores}
                 except BadRequest as exc:
                     status, payload = 400, {"error": str(exc)}
+                except RewardError as exc:  # the user's function raised: as what it raised (a ValueError: 422)
+                    status, payload = 422 if isinstance(exc.original, ValueError) else 500, {"error": str(exc)}
                 except ValueError as exc:  # the reward's own checks (wrong length, NaN): retrying will not help
                     status, payload = 422, {"error": str(exc)}
                 except Exception as exc:  # the reward failed: 500, which clients retry

@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teacli.rundir import RunDir, step_dir_name, write_text_atomic, writing
+from teacli.rundir import RunDir, step_dir_name, with_traceback_file, write_text_atomic, writing
 from teacli.train.checkpoint import save_hf_model
 from teacli.train.errors import Interrupted, TrainError
 from teacli.train.resume import Start, check_run_dir, check_selection, commit_run_dir, on_rank0, run_lock, say
@@ -502,6 +502,9 @@ def _is_write_error(exc: Exception) -> bool:
 # The run
 
 
+REWARD_ERROR_LOG = "reward_error.log"  # the traceback of the user's reward code that stopped the run
+
+
 def train(recipe: "Recipe", run_dir: Path) -> Path:
     """Run (or resume) training of `recipe` into `run_dir`; returns the run directory.
 
@@ -544,7 +547,16 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
             say(world, f"{run.path} is already complete at step {start.step} (optim.steps={recipe.optim.steps}); "
                         f"raise optim.steps to train further")
         else:
-            _train_steps(recipe, run, world, start, is_level, engine)
+            from teacli.rewards import RewardError
+
+            try:
+                _train_steps(recipe, run, world, start, is_level, engine)
+            except RewardError as exc:  # the user's reward failed: one line, its traceback beside the records
+                log = world.is_main and run.recipe.exists()  # not into a directory a failed start leaves empty
+                raise TrainError(with_traceback_file(str(exc), exc.details, run.path / REWARD_ERROR_LOG) if log else str(exc)) from None
+            except SystemExit as exc:  # code the run called (a user's advantage rule, a library) exited: not a finished run
+                raise TrainError(f"training of {run.path} stopped: code it called exited (sys.exit({exc.code!r})) without "
+                                 f"finishing the run; rerun the command to resume from its last checkpoint") from None
     if world.world_size > 1:  # every rank finished: tear the group down now, or a rank can abort at interpreter exit
         backend.close_world()  # ("terminate called without an active exception", exit -6) after a complete run
     return run.path

@@ -319,3 +319,43 @@ def test_a_damaged_record_is_one_line_naming_the_file_and_line(evaluated, tmp_pa
     line = error_line(tea("eval-bon", str(run)))
     assert line.startswith(f"error: {records}:3: {message}"), line
     assert records.read_bytes() == before
+
+
+def test_ctrl_c_says_what_is_written_and_the_command_that_goes_on(evaluated, tmp_path, monkeypatch):
+    """Ctrl-C (here: inside the second prompt's fsync, its records written) exits 130 with one line saying how many
+    completions and prompts are safely on disk and the command that goes on; it used to exit 130 silently."""
+    from teacli.eval import bon
+
+    run = tmp_path / "stopped"
+    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
+    records = run / "eval" / f"{SPLIT}-M{M}.jsonl"
+    real, appends = bon.os.fsync, []
+
+    def ctrl_c(fd):
+        appends.append(fd)
+        real(fd)
+        if len(appends) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bon.os, "fsync", ctrl_c)
+    res = tea("eval-bon", str(run), "--split", SPLIT, "--set", "rollout.batch_size=16")
+    assert res.exit_code == 130 and "Traceback" not in res.output, res.output
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"interrupted while evaluating {run}: {2 * M} of {5 * M} completions are written to {records} (2 of 5 prompts "
+        f"complete); to go on from there, run: tea eval-bon {run} --split {SPLIT} --set rollout.batch_size=16")
+    assert len(read_jsonl(records)) == 2 * M
+    monkeypatch.setattr(bon.os, "fsync", real)
+    res = tea("eval-bon", str(run), "--split", SPLIT, "--set", "rollout.batch_size=16")
+    assert res.exit_code == 0 and len(read_jsonl(records)) == 5 * M, res.output
+
+
+def test_an_error_inside_a_python_reward_names_it_and_keeps_its_traceback_beside_the_records(evaluated, tmp_path):
+    run = tmp_path / "bad_reward"
+    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
+    res = tea("eval-bon", str(run), "--set", "reward.kind=python", "--set", "reward.function=rewards_for_tests:json_error_reward")
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    log = run / "eval" / f"{SPLIT}-M{M}.reward_error.log"
+    assert res.stderr.strip().splitlines()[-1] == (  # after transformers' "Loading weights" bar
+        "error: the reward function rewards_for_tests:json_error_reward raised JSONDecodeError: Expecting property name "
+        f"enclosed in double quotes: line 1 column 2 (char 1) (its traceback: {log})")
+    assert 'return [json.loads("{bad: 1}") for _ in responses]' in log.read_text()
