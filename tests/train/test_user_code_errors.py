@@ -42,7 +42,7 @@ def run_with(monkeypatch, tmp_path):
     monkeypatch.setattr(loop, "check_run_dir", lambda run, recipe: types.SimpleNamespace(step=0))
 
     def run(function: str, steps=None):
-        def train_steps(recipe, run, world, start, is_level):  # the run's files written, then the first reward call
+        def train_steps(recipe, run, world, start, is_level, engine_name):  # the run's files written, then the first reward call
             from teacli.rewards import build_reward, checked_score
             from teacli.types import Prompt
 
