@@ -32,3 +32,12 @@ def test_no_document_points_at_a_missing_markdown_file():
             if not any((base / name).exists() for base in (REPO, REPO / "docs", doc.parent)):
                 missing.append(f"{doc.relative_to(REPO)}: {name}")
     assert missing == []
+
+
+def test_ci_runs_readme_test_command_then_the_slow_stage():
+    """.ci/run's first stage is README's test command, character for character; its second runs the slow tests."""
+    readme = (REPO / "README.md").read_text()
+    command = readme.split("Run the tests:", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "\n" not in command and f"\n{command}\n" in ci
+    assert "\npython -m pytest -q -m 'slow and not gpu' --durations=20\n" in ci

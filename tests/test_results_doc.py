@@ -195,6 +195,7 @@ def test_gpu_report_recomputes_from_the_committed_records(reward, prefix, tmp_pa
     assert capsys.readouterr().out == (gpu / f"spread_{reward}.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reward, prefix, base", [("rule", "gpu_bon150", "gpu_bon"), ("judge", "gpu_bon150_judge", "gpu_bon_judge")])
 def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefix, base, tmp_path, monkeypatch, capsys):
     """The 150-step study runs a seed a session (recipes/studies/gpu_bon150_*.yaml): docs/results/gpu/report150_<reward>

@@ -154,6 +154,7 @@ def test_fixed_checkpoint_study_evaluates_and_reports_that_checkpoint(tmp_path):
     assert not (tmp_path / "runs" / "quickstart" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_tiny_study_end_to_end_and_skip(tmp_path):
     sys.path.insert(0, str(TESTS))
     from tiny_lm import make_assets, tea_env, tiny_study
@@ -247,6 +248,7 @@ def test_embedded_study_evaluates_the_whole_heldout_split(tmp_path):
     assert "48 prompts" in (REPO / "recipes" / "studies" / "embedded_bon.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_tiny_seeded_study_with_base_arm_end_to_end_and_skip(tmp_path):
     """embedded_bon's structure (two recipes built on one base recipe, seeds, base arm) on the in-process tiny
     model: every seed trains and is evaluated, the untrained policy once, the report pools the seeds; a rerun

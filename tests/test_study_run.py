@@ -194,7 +194,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("signum, gpus", [(signal.SIGTERM, []), (signal.SIGINT, []), (signal.SIGKILL, ["--gpus", "0,1"])])
+@pytest.mark.parametrize("signum, gpus", [(signal.SIGTERM, []), pytest.param(signal.SIGINT, [], marks=pytest.mark.slow),  # SIGTERM's path
+                                          (signal.SIGKILL, ["--gpus", "0,1"])])
 def test_a_signal_to_the_study_stops_its_stages(tmp_path, signum, gpus):
     """Issue 22 item 2: `tea study` killed with SIGTERM left its `tea train` running (re-parented to PID 1)."""
     study = _tiny_study(tmp_path, steps=500)

@@ -40,6 +40,7 @@ def judge_section(judged: Path, **extra) -> dict:
             "dtype": "float32", "batch_size": 5, **extra}
 
 
+@pytest.mark.slow
 def test_train_and_eval_bon_with_an_lm_judge(judged, tmp_path):
     recipe = write_recipe(tmp_path / "judge.yaml", tiny_recipe(
         judged / "policy", judged / "data", optim__steps=2, checkpoint__save_every=2, reward=judge_section(judged),

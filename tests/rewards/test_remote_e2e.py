@@ -115,6 +115,7 @@ def test_train_and_eval_against_a_served_reward_equal_the_local_reward(assets, t
     assert [r["reward"] for r in records] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_failing_server_recovers_and_a_dead_one_is_a_clear_error(assets, tmp_path):
     server = Server(tmp_path, "rewards_for_tests:flaky_length_reward", TEA_TEST_FLAKY_CALLS="2")  # two 500s first
     served = recipe(assets, tmp_path / "remote.yaml", reward={"kind": "remote", "url": server.url, "batch_size": 64, "max_retries": 3})

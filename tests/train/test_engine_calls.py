@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent.parent
 
 RECORDER = r"""
@@ -48,20 +50,29 @@ main()
 """
 
 
-def test_every_sleep_is_followed_by_a_push_before_the_next_generation(tmp_path):
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """One recorded `tea train` for both tests: 3 steps, a checkpoint and a validation after each (and at start),
+    validation asking for validation.prompts x validation.samples = 4 x 8 = 32 sequences, a step for 2 x 8 = 16.
+    Returns the folder with run/ and calls.jsonl (every build, generate, load_weights, sleep and wake, in order)."""
     sys.path.insert(0, str(TESTS))
     from tiny_lm import make_assets, tea_env, tiny_recipe, write_recipe
 
-    assets = make_assets(tmp_path / "assets")
-    rec = write_recipe(tmp_path / "r.yaml", tiny_recipe(assets / "policy", assets / "data", optim__steps=3, checkpoint__save_every=1))
-    calls = tmp_path / "calls.txt"
+    tmp = tmp_path_factory.mktemp("engine_calls")
+    assets = make_assets(tmp / "assets")
+    rec = write_recipe(tmp / "r.yaml", tiny_recipe(assets / "policy", assets / "data", optim__steps=3, checkpoint__save_every=1,
+                                                   validation__samples=8))
     proc = subprocess.run(
-        [sys.executable, "-c", RECORDER, str(calls), "train", str(rec), "--run-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, env=tea_env(tmp_path), timeout=600,
+        [sys.executable, "-c", RECORDER, str(tmp / "calls.jsonl"), "train", str(rec), "--run-dir", str(tmp / "run")],
+        capture_output=True, text=True, env=tea_env(tmp), timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seq = [row["call"] for row in map(json.loads, calls.read_text().splitlines()) if row["call"] != "build"]
-    validations = [json.loads(line)["step"] for line in (tmp_path / "run" / "validation.jsonl").read_text().splitlines()]
+    return tmp
+
+
+def test_every_sleep_is_followed_by_a_push_before_the_next_generation(recorded):
+    seq = [row["call"] for row in map(json.loads, (recorded / "calls.jsonl").read_text().splitlines()) if row["call"] != "build"]
+    validations = [json.loads(line)["step"] for line in (recorded / "run" / "validation.jsonl").read_text().splitlines()]
     assert validations == [0, 1, 2, 3]  # validation at start and after every step: the case that broke
     assert seq.count("sleep") == 3 and seq[0] == "load_weights"
     for i, name in enumerate(seq):
@@ -70,26 +81,13 @@ def test_every_sleep_is_followed_by_a_push_before_the_next_generation(tmp_path):
             assert following[:1] in (["load_weights"], []), (i, seq)
 
 
-
-def test_the_engine_is_told_the_largest_generation_call_validation_included(tmp_path):
+def test_the_engine_is_told_the_largest_generation_call_validation_included(recorded):
     """`rollout.kv_cache_gib: auto` sizes vLLM's KV cache to `max_sequences`, the most sequences one
     generate call asks for. Validation asks for validation.prompts x validation.samples in one call
     (here 4 x 8 = 32) where a step asks for prompts_per_step x group_size (2 x 8 = 16): the engine
     must be told 32, or validation outgrows the cache (it was told the step's 16)."""
-    sys.path.insert(0, str(TESTS))
-    from tiny_lm import make_assets, tea_env, tiny_recipe, write_recipe
-
-    assets = make_assets(tmp_path / "assets")
-    rec = write_recipe(tmp_path / "r.yaml", tiny_recipe(assets / "policy", assets / "data", optim__steps=1, checkpoint__save_every=1,
-                                                        validation__samples=8))
-    log = tmp_path / "sizes.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-c", RECORDER, str(log), "train", str(rec), "--run-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, env=tea_env(tmp_path), timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    rows = [json.loads(line) for line in (recorded / "calls.jsonl").read_text().splitlines()]
     told = [r["max_sequences"] for r in rows if r["call"] == "build"]
     calls = [r["sequences"] for r in rows if r["call"] == "generate"]
-    assert told == [4 * 8] and sorted(set(calls)) == [2 * 8, 4 * 8], rows  # one step's call and the validations'
+    assert told == [4 * 8] and sorted(set(calls)) == [2 * 8, 4 * 8], rows  # the steps' calls and the validations'
     assert max(calls) <= told[0]

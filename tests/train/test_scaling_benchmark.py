@@ -118,6 +118,7 @@ def test_all_reduce_max_and_mean_over_two_processes(tmp_path):
     assert results == [{"max": {"a": 2.0, "b": 0.0}, "mean": {"a": 1.5, "b": -1.5}}] * 2
 
 
+@pytest.mark.slow
 def test_real_run_on_one_and_two_processes_past_a_crashed_launch(scaling, tmp_path, monkeypatch, capsys):
     """--gpus 1,3,2 on CPU: N = 1 and N = 2 run train_step.py for real (gloo); N = 3's launch runs a script whose
     rank 1 exits 1 through the same torchrun. The failure is one line naming N = 3 and its kept log; N = 2 still

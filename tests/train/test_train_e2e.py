@@ -29,6 +29,23 @@ def assets(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def two_steps(assets, tmp_path_factory) -> Path:
+    """A finished 2-step run of the tiny recipe (checkpoint at step 2), trained once for the tests that start from one
+    (each works on its own copy: `copy_run`)."""
+    tmp = tmp_path_factory.mktemp("two_steps")
+    run = tmp / "run"
+    tea_train(recipe(assets, tmp, optim__steps=2), run, tmp)
+    return run
+
+
+def copy_run(run: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(run, to)
+    return to
+
+
 def recipe(assets: Path, tmp: Path, **overrides) -> Path:
     from tiny_lm import tiny_recipe, write_recipe
 
@@ -112,6 +129,7 @@ def kill_after(rec: Path, run: Path, tmp: Path, rows: int) -> None:
     kill(rec, run, tmp, rows)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_drops_flat_groups_and_resumes_exactly(assets, tmp_path):
     """Half the prompts get equal rewards for every response: those groups are dropped and the next prompts of
     the data order drawn, so steps consume more than P prompts; a run killed mid-way and resumed from its
@@ -155,6 +173,7 @@ def test_dynamic_sampling_bound_trains_on_what_there_is_and_says_so(assets, tmp_
     assert json.loads((run / "checkpoints" / "step_000001" / "trainer_state.json").read_text())["data_position"] == 6
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
     rec = recipe(assets, tmp_path, optim__steps=6, reward__function="rewards_for_tests:slow_length_reward")
     reference = tmp_path / "reference"
@@ -176,6 +195,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
         assert (final[k] - ref_final[k]).abs().max() < 1e-5, k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_two_processes(assets, tmp_path, stage):
     """Two processes under the deepspeed launcher; DeepSpeed's CPU shared-memory all-reduce segments (one per rank in
@@ -195,6 +215,7 @@ def test_zero_two_processes(assets, tmp_path, stage):
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002")
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_two_processes_agree_on_rounds(assets, tmp_path):
     """Two ranks (ZeRO-3: every generation gathers parameters on both) with different flat groups: they run
     the same rounds (the all-reduced shortfall), each trains on exactly its share, and they agree on the data
@@ -240,10 +261,8 @@ def test_dotted_path_advantage_and_hf_reward_model(assets, tmp_path):
     assert row["adv_nonzero_frac"] > 0.5 and row["adv_max"] == pytest.approx(0.5 * 3.5)  # ranks 0..7 centred, scaled
 
 
-def test_bad_input_is_a_clear_error_and_keeps_the_run(assets, tmp_path):
-    run = tmp_path / "run"
-    rec = recipe(assets, tmp_path, optim__steps=2)
-    tea_train(rec, run, tmp_path)
+def test_bad_input_is_a_clear_error_and_keeps_the_run(assets, two_steps, tmp_path):
+    run = copy_run(two_steps, tmp_path / "run")  # trained by recipe(assets, ..., optim__steps=2)
     before = (run / "metrics.jsonl").read_text()
 
     other = tmp_path / "other"
@@ -284,16 +303,12 @@ def test_lora_trains_adapters_and_saves_merged_weights(assets, tmp_path):
     AutoModelForCausalLM.from_pretrained(ckpt)
 
 
-def test_nan_reward_stops_with_the_prompt_id_and_keeps_the_run(assets, tmp_path):
-    run = tmp_path / "nan"
-    tea_train(recipe(assets, tmp_path, optim__steps=2), run, tmp_path)
+def test_nan_reward_stops_with_the_prompt_id_and_keeps_the_run(assets, two_steps, tmp_path):
+    run = copy_run(two_steps, tmp_path / "nan")  # a finished 2-step run
     kept = (run / "metrics.jsonl").read_text()
     rec = recipe(assets, tmp_path, optim__steps=4, reward__function="rewards_for_tests:nan_reward")
     # a new recipe needs a new run directory; copy the finished run so nothing is lost on failure
-    import shutil
-
-    run2 = tmp_path / "nan2"
-    shutil.copytree(run, run2)
+    run2 = copy_run(run, tmp_path / "nan2")
     (run2 / "recipe.yaml").unlink()
     proc = tea_train(rec, run2, tmp_path, check=False)
     assert proc.returncode == 2
