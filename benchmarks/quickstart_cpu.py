@@ -77,7 +77,7 @@ def main() -> None:
 
     recipe = load_recipe(args.recipe)
     world = backend.init_world()
-    tokenizer, engine, reference, reward, train_prompts, _, rollout, _, _ = loop._setup(recipe, world, "off")  # hf engine: no correction
+    tokenizer, engine, reference, reward, train_prompts, _, rollout, _, _ = loop._setup(recipe, world, "off", "hf")  # hf engine: no correction
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     P = recipe.rollout.prompts_per_step
     steps: dict[str, list[dict[str, float]]] = {"before": [], "after": []}

@@ -682,6 +682,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
                 **tail_check_stats(rewards),  # the groups' upper-tail QQ R² (docs/diagnostics.md)
                 **memory,  # checkpointed layers; CUDA: the estimated and measured peaks (GiB)
                 **token_counts(prompt_ids, groups),  # what each phase processed (benchmarks/phases.py: the floors)
+                "world_size": world.world_size,
             }
             if scored is not None:
                 record["tokens_reward"] = reward.tokens_scored - scored
@@ -690,7 +691,6 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
             record["prompts"] = round(record["prompts"] * world.world_size)  # all ranks together
             record["optimizer_step"], record["grad_clipped"] = round(record["optimizer_step"]), record["grad_clipped"] > 0.5
-            record["world_size"] = world.world_size
             if recipe.rehearsal.enabled:
                 record["rehearsal"] = True  # random weights: for time and memory only
             sink.write(record, local=local)

@@ -182,7 +182,7 @@ def test_report_imports_neither_train_nor_rollout(runs, tmp_path):
 
 def test_one_run_writes_no_empty_delta_plot_and_report_md_says_why(runs, tmp_path):
     out = tmp_path / "one"
-    res = CliRunner().invoke(app, ["report", str(runs["grpo"][0]), "--bootstrap", "20", "--out", str(out)])
+    res = CliRunner().invoke(app, ["report", str(runs["grpo"][0]), "--bootstrap", "50", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert (out / "frontier.png").exists() and not (out / "delta.png").exists()
     md = (out / "report.md").read_text()
