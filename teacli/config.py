@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,6 +385,13 @@ class ValidationConfig:
     samples: int = field(32, "Completions per validation prompt.", ge=1)
     top: int = field(10, "Score = mean of the top this many rewards per prompt, averaged over prompts.", ge=1)
     at_start: bool = field(True, "Also score the untrained policy (validation.jsonl step 0; not a selectable checkpoint).")
+    watch_patterns: list[str] = field(
+        [],
+        "Reward-hacking watch: regexes (case-insensitive; ^ and $ match at lines) that a gamed completion would match, e.g. "
+        "an appended fake chat turn '^.{0,40}system$'. Each validation records the share of its best-of-N picks (each prompt's "
+        "highest-reward sample) that match any (validation.jsonl watch_pattern_share, a note in the log when half or more do), "
+        "next to the picks' new-phrase share against the untrained policy's picks (docs/diagnostics.md).",
+    )
 
 
 @dataclass
@@ -927,6 +935,11 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
             f"engine returns; the hf engine samples from the trainer's own module (no mismatch): use auto or off"
             f"{_where(origin, 'rollout.is_correction')}"
         )
+    for pattern in recipe.validation.watch_patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise RecipeError(f"validation.watch_patterns: {pattern!r} is not a regex ({exc}){_where(origin, 'validation.watch_patterns')}") from None
     check_vllm_kwargs(recipe.rollout.vllm_kwargs, origin)
     if recipe.policy.kernels == "compile" and recipe.backend.zero_stage == 3:
         raise RecipeError(
