@@ -142,3 +142,30 @@ def watch_run(run_dir, patterns: Sequence[re.Pattern[str]], baseline: Sequence[s
             raise WatchError(f"{best}: unreadable best-of-N picks ({e})") from None
         out["eval"].append({"file": best.name, **watch(picks, patterns, baseline)})
     return out
+
+
+def report_cells(runs: Sequence) -> tuple[str, str]:
+    """`tea report`'s watch cells of one method (its seed runs, or itself): the reward_max jump steps of
+    each run ('none' without any) and the share of its best-of-N picks that match the run's
+    validation.watch_patterns (eval/*.best.json.gz, else the last validation row's share; '–' when
+    neither is recorded). Never raises: an unreadable record gives '–'."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    jumps, shares = [], []
+    for run_dir in (Path(r) for r in runs):
+        try:
+            pats = (yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}).get("validation", {}).get("watch_patterns") or []
+            got = watch_run(run_dir, compile_patterns(pats))
+        except (OSError, ValueError, AttributeError, re.error, yaml.YAMLError):
+            jumps.append("–")
+            continue
+        jumps.append(",".join(map(str, got["jumps"])) or "none")
+        share = next((e["watch_pattern_share"] for e in got["eval"] if "watch_pattern_share" in e), None)
+        if share is None and got["checkpoints"]:
+            share = got["checkpoints"][-1].get("watch_pattern_share")
+        if share is not None:
+            shares.append(share)
+    return "; ".join(jumps), (f"{float(np.mean(shares)):.0%}" if shares else "–")

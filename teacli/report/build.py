@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from teacli.diagnostics import hacking
 from teacli.eval import stats
 from teacli.report import tables as T
 from teacli.report.compare import GRPO_Z_RULE, OURS_RULES, TTA_RULES, Report, check_levels, compare
@@ -204,10 +205,14 @@ def make_tables(rep: Report) -> list[T.Table]:
                            *[T.Delta(*row.delta[j]) if row.delta else None for _, j in ends]])
         out.append(t)
 
-    length = T.Table("length", f"Mean completion length (generated tokens) on {where}", ["Method", "Mean length", "Source samples"])
+    length = T.Table("length", f"Mean completion length (generated tokens) on {where}; reward-hacking watch "
+                     "(docs/diagnostics.md): Jumps = steps where the batch's best reward jumped (per seed run), "
+                     "Flagged = share of the best-of-N picks matching validation.watch_patterns",
+                     ["Method", "Mean length", "Source samples", "Jumps", "Flagged"])
     for r in rep.runs:
         got = rep.lengths[r.name]
-        length.rows.append([r.name, None, None] if got is None else [r.name, f"{got[0]:.1f}", got[1]])
+        cells = hacking.report_cells([s.path for s in r.seeds] or [r.path])
+        length.rows.append([r.name, None, None, *cells] if got is None else [r.name, f"{got[0]:.1f}", got[1], *cells])
     out.append(length)
 
     judge_rows = [(r, j) for r in rep.runs for j in r.judge]

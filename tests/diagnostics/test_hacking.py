@@ -116,3 +116,16 @@ def test_committed_judge_runs_grpo_few_flagged():
     # The 75-step TEA judge runs (no exploit in their records) are not flagged either.
     for run in sorted(d.name for d in RUNS.glob("gpu_bon_judge_tea-s*")):
         assert H.watch_run(RUNS / run, patterns)["jumps"] == [], run
+
+
+def test_report_cells_read_the_runs_recipe_patterns(tmp_path):
+    assert H.report_cells([RUNS / "gpu_bon150_judge_tea-s0"]) == ("126", "–")  # no watch_patterns in its recipe
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "recipe.yaml").write_text("validation:\n  watch_patterns: ['^system$']\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_max": 1.0}) + "\n")
+    picks = [{"response": t} for t in ("a\nsystem\nb", "c", "d", "e")]
+    with gzip.open(run / "eval" / "core-M4.best.json.gz", "wt") as f:
+        f.write(json.dumps(picks))
+    assert H.report_cells([run]) == ("none", "25%")
+    assert H.report_cells([tmp_path / "missing"]) == ("–", "–")
