@@ -205,15 +205,20 @@ def make_tables(rep: Report) -> list[T.Table]:
                            *[T.Delta(*row.delta[j]) if row.delta else None for _, j in ends]])
         out.append(t)
 
-    length = T.Table("length", f"Mean completion length (generated tokens) on {where}; reward-hacking watch "
-                     "(docs/diagnostics.md): Jumps = steps where the batch's best reward jumped (per seed run), "
-                     "Flagged = share of the best-of-N picks matching validation.watch_patterns",
-                     ["Method", "Mean length", "Source samples", "Jumps", "Flagged"])
+    length = T.Table("length", f"Mean completion length (generated tokens) on {where}", ["Method", "Mean length", "Source samples"])
     for r in rep.runs:
         got = rep.lengths[r.name]
-        cells = hacking.report_cells([s.path for s in r.seeds] or [r.path])
-        length.rows.append([r.name, None, None, *cells] if got is None else [r.name, f"{got[0]:.1f}", got[1], *cells])
+        length.rows.append([r.name, None, None] if got is None else [r.name, f"{got[0]:.1f}", got[1]])
     out.append(length)
+
+    cells = {r.name: hacking.report_cells([s.path for s in r.seeds] or [r.path]) for r in rep.runs}
+    if any(flagged != "–" for _, flagged in cells.values()):  # a run that declared validation.watch_patterns
+        watch = T.Table("watch", "Reward-hacking watch (docs/diagnostics.md): Jumps = steps where the batch's best reward "
+                        "jumped (per seed run); Flagged = share of the best-of-N picks matching validation.watch_patterns",
+                        ["Method", "Jumps", "Flagged"])
+        for r in rep.runs:
+            watch.rows.append([r.name, *cells[r.name]])
+        out.append(watch)
 
     judge_rows = [(r, j) for r in rep.runs for j in r.judge]
     if judge_rows:
