@@ -129,3 +129,22 @@ def test_report_cells_read_the_runs_recipe_patterns(tmp_path):
         f.write(json.dumps(picks))
     assert H.report_cells([run]) == ("none", "25%")
     assert H.report_cells([tmp_path / "missing"]) == ("–", "–")
+
+
+def test_record_file_is_what_the_command_prints():
+    """docs/results/hacking_watch.md quotes `tea diagnose hacking` on the committed runs: its tables are
+    what the commands it lists print now."""
+    import shlex
+
+    root = RUNS.parents[3]
+    text = (root / "docs" / "results" / "hacking_watch.md").read_text()
+    commands = [line for line in text.splitlines() if line.startswith("tea diagnose hacking ")]
+    assert len(commands) == 2
+    printed = []
+    for line in commands:
+        args = [a if not a.startswith("docs/") else str(root / a) for a in shlex.split(line)[1:]]
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+        printed += res.output.splitlines()
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert table == printed[:-3] + printed[-1:]  # the second command's two header lines are not repeated
