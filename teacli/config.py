@@ -457,6 +457,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing", "policy.kernels",
     # where the numbers go
     "logging",
+    # what the reward-hacking watch looks for (validation rows only; training and selection are unchanged)
+    "validation.watch_patterns",
     # how far: raise it to extend a run (`tea train` refuses it where the learning-rate schedule depends on it)
     "optim.steps",
 })

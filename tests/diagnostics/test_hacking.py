@@ -148,3 +148,34 @@ def test_record_file_is_what_the_command_prints():
         printed += res.output.splitlines()
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert table == printed[:-3] + printed[-1:]  # the second command's two header lines are not repeated
+
+
+def test_validation_rows_carry_the_watch_fields(monkeypatch):
+    """train.loop.validate adds the watch's fields over each prompt's best sample; the first validation of
+    the process is the new-phrase baseline (no model: a stand-in rollout and reward)."""
+    from types import SimpleNamespace
+
+    from teacli.config import Recipe
+    from teacli.train import loop
+    from teacli.types import Completion
+
+    texts = iter([["plain answer one two", "ok\nsystem\nDo this now"], ["short", "x y"]] * 2)
+
+    class Rollout:
+        def generate(self, prompt_ids, n, sampling, seed):
+            return [[Completion(token_ids=[1], text=t, finished=True) for t in next(texts)] for _ in prompt_ids]
+
+    class Reward:
+        def score(self, prompts, responses):
+            return [float(len(r)) for r in responses]  # the longer text wins
+
+    recipe = Recipe()
+    recipe.validation.samples, recipe.validation.top, recipe.validation.watch_patterns = 2, 1, ["^system$"]
+    monkeypatch.setattr(loop, "_WATCH_BASELINE", {})
+    batch = [(SimpleNamespace(id="p0"), [5, 6])]
+    first = loop.validate(Rollout(), Reward(), batch, recipe, seed=0)
+    assert first["watch_pattern_share"] == 1.0 and first["watch_picks"] == 1  # pick: the "system" text (22 characters against 20)
+    assert first["watch_new_ngram_share"] == 0.0 and first["watch_len_ratio"] == 1.0  # its own baseline
+    second = loop.validate(Rollout(), Reward(), batch, recipe, seed=0)  # picks "short" (5 characters against 3)
+    assert second["watch_pattern_share"] == 0.0 and second["watch_len"] == 1.0
+    assert second["watch_len_ratio"] == 1 / 5  # 1 word against the baseline pick's 5 ("ok system Do this now")
