@@ -15,6 +15,7 @@ import errno
 import inspect
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -677,6 +678,50 @@ def diagnose_tail_fit(
     for table in TF.tables(result):
         typer.echo(markdown(table))
     typer.echo(f"wrote {len(written)} files to {out} (tail_fit.json, tables, plots)")
+
+
+@diagnose_app.command("hacking")
+def diagnose_hacking(
+    run_dirs: list[Path] = typer.Argument(..., help="Training run directories.", show_default=False, metavar="RUN_DIR"),
+    pattern: list[str] = typer.Option([], "--pattern", help="Regex a gamed pick would match (repeatable; case-insensitive, ^ and $ match at lines)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Best-of-N picks of the untrained policy (an eval-bon *.best.json.gz) for the new-phrase share."),
+) -> None:
+    """Reward-hacking watch: per run, steps where the batch's best reward jumps, and the share of best-of-N picks matching the patterns or sharing a new phrase."""
+    import gzip
+    import json
+
+    from teacli.diagnostics import hacking as H
+
+    try:
+        patterns = H.compile_patterns(pattern)
+    except re.error as exc:
+        _fail(f"--pattern {exc}")
+        return
+    base = None
+    if baseline is not None:
+        try:
+            base = [p["response"] for p in json.loads(gzip.open(baseline, "rt").read())]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _fail(f"--baseline {baseline}: unreadable best-of-N picks ({exc})")
+            return
+    results = []
+    for d in run_dirs:
+        try:
+            results.append(H.watch_run(d, patterns, base))
+        except H.WatchError as exc:
+            _fail(str(exc))
+            return
+
+    def pct(v: Optional[float]) -> str:
+        return "–" if v is None else f"{v:.0%}"
+
+    typer.echo("| run | reward_max jumps (steps) | checkpoints: pattern share | eval picks | pattern share | new-phrase share |")
+    typer.echo("|---|---|---|---|---|---|")
+    for r in results:
+        ck = ", ".join(f"{c['step']}: {pct(c.get('watch_pattern_share'))}" for c in r["checkpoints"]) or "–"
+        ev = r["eval"][0] if r["eval"] else {}
+        typer.echo(f"| {r['run']} | {', '.join(map(str, r['jumps'])) or 'none'} | {ck} | {ev.get('watch_picks', '–')} | "
+                   f"{pct(ev.get('watch_pattern_share'))} | {pct(ev.get('watch_new_ngram_share'))} |")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import dataclasses
 import math
 import re
 import types
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,6 +390,13 @@ class ValidationConfig:
     samples: int = field(32, "Completions per validation prompt.", ge=1)
     top: int = field(10, "Score = mean of the top this many rewards per prompt, averaged over prompts.", ge=1)
     at_start: bool = field(True, "Also score the untrained policy (validation.jsonl step 0; not a selectable checkpoint).")
+    watch_patterns: list[str] = field(
+        [],
+        "Reward-hacking watch: regexes (case-insensitive; ^ and $ match at lines) that a gamed completion would match, e.g. "
+        "an appended fake chat turn '^.{0,40}system$'. Each validation records the share of its best-of-N picks (each prompt's "
+        "highest-reward sample) that match any (validation.jsonl watch_pattern_share, a note in the log when half or more do), "
+        "next to the picks' new-phrase share against the untrained policy's picks (docs/diagnostics.md).",
+    )
 
 
 @dataclass
@@ -457,6 +465,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing", "policy.kernels",
     # where the numbers go
     "logging",
+    # what the reward-hacking watch looks for (validation rows only; training and selection are unchanged)
+    "validation.watch_patterns",
     # how far: raise it to extend a run (`tea train` refuses it where the learning-rate schedule depends on it)
     "optim.steps",
     # when to give up on the reward (a remote request, a python call): not what it computes
@@ -955,6 +965,11 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
             f"engine returns; the hf engine samples from the trainer's own module (no mismatch): use auto or off"
             f"{_where(origin, 'rollout.is_correction')}"
         )
+    for pattern in recipe.validation.watch_patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise RecipeError(f"validation.watch_patterns: {pattern!r} is not a regex ({exc}){_where(origin, 'validation.watch_patterns')}") from None
     check_vllm_kwargs(recipe.rollout.vllm_kwargs, origin)
     if recipe.policy.kernels == "compile" and recipe.backend.zero_stage == 3:
         raise RecipeError(

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from teacli.diagnostics import hacking
 from teacli.eval import stats
 from teacli.report import tables as T
 from teacli.report.compare import GRPO_Z_RULE, OURS_RULES, TTA_RULES, Report, check_levels, compare
@@ -210,6 +211,15 @@ def make_tables(rep: Report) -> list[T.Table]:
         got = rep.lengths[r.name]
         length.rows.append([r.name, None, None] if got is None else [r.name, f"{got[0]:.1f}", got[1]])
     out.append(length)
+
+    cells = {r.name: hacking.report_cells([s.path for s in r.seeds] or [r.path]) for r in rep.runs}
+    if any(flagged != "–" for _, flagged in cells.values()):  # a run that declared validation.watch_patterns
+        watch = T.Table("watch", "Reward-hacking watch (docs/diagnostics.md): Jumps = steps where the batch's best reward "
+                        "jumped (per seed run); Flagged = share of the best-of-N picks matching validation.watch_patterns",
+                        ["Method", "Jumps", "Flagged"])
+        for r in rep.runs:
+            watch.rows.append([r.name, *cells[r.name]])
+        out.append(watch)
 
     judge_rows = [(r, j) for r in rep.runs for j in r.judge]
     if judge_rows:

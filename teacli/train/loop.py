@@ -34,6 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from teacli.diagnostics import hacking
 from teacli.rundir import RunDir, step_dir_name, with_traceback_file, write_text_atomic, writing
 from teacli.train.checkpoint import save_hf_model
 from teacli.train.errors import Interrupted, TrainError
@@ -439,10 +440,16 @@ def validate(rollout, reward, val_prompts, recipe, seed: int) -> dict[str, Any]:
     v = recipe.validation
     prompts, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, val_prompts, recipe, v.samples, seed)
     top = rewards.topk(min(v.top, rewards.shape[1]), dim=1).values.mean(dim=1)
+    # Reward-hacking watch on each prompt's best sample; the process's first validation is the baseline.
+    picks = hacking.best_of_n([c.text for g in groups for c in g], rewards.flatten().tolist(), v.samples)
+    watch = hacking.watch(picks, hacking.compile_patterns(v.watch_patterns), _WATCH_BASELINE.setdefault("picks", picks))
     return {"score": float(top.mean()), "prompts": len(prompts), "samples": v.samples, "top": v.top,
             "reward_mean": float(rewards.mean()),
             "rule": f"mean of top-{v.top} of {v.samples} samples, {len(prompts)} prompts",
-            "time_generate": t_gen, "time_reward": t_rew, **token_counts(prompt_ids, groups)}
+            "time_generate": t_gen, "time_reward": t_rew, **token_counts(prompt_ids, groups), **watch}
+
+
+_WATCH_BASELINE: dict[str, list[str]] = {}
 
 
 def token_counts(prompt_ids: list[list[int]], groups: list[list[Completion]]) -> dict[str, int]:
@@ -735,6 +742,8 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
             sink.validation({"step": step, **result, "time_checkpoint": t_save})
             selected = run.update_selection()
             sink.note(f"step {step}: validation {result['score']:.4f}; selected step {selected['step']}")
+            for note in hacking.flagged(result):
+                sink.note(f"step {step}: reward-hacking watch: {note}")
         run.prune(recipe.checkpoint.keep_last)
     backend.barrier()
 

@@ -248,3 +248,30 @@ def test_same_recipe_and_seed_twice_and_base_arm_as_run_are_errors(study, tmp_pa
     res = report(*runs[1:], "--base-arm", runs[0], "--out", tmp_path / "r")  # trained, never evaluated as base
     assert res.exit_code == 2 and "g-s0 have no finished evaluation" in res.stderr and "in eval/base/" in res.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_watch_table_when_runs_declare_watch_patterns(study, tmp_path):
+    """A method whose recipe sets validation.watch_patterns gets the watch table: its seed runs' reward_max
+    jump steps and the share of its best-of-N picks (eval/*.best.json.gz) matching the patterns."""
+    import gzip
+
+    runs, base = study
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "plain", "--endpoints", "2,4")
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "plain" / "watch.csv").exists()  # no run declared patterns: no table, reports unchanged
+    # t-s0: 1 of 4 picks has a "system" line; t-s1: 3 of 4 → the method's share is their mean, 50%.
+    # t-s0's reward_max is 1, 2, 1, 2, ... then 9 at step 21 (far above the trailing window): a jump.
+    for run, hits in ((runs[2], 1), (runs[3], 3)):
+        path = run / "recipe.yaml"
+        path.write_text(path.read_text().replace("  watch_patterns: []\n", "  watch_patterns: [^system$]\n"))
+        picks = [{"response": "a\nsystem\nb" if i < hits else "a"} for i in range(4)]
+        with gzip.open(run / "eval" / f"{SPLIT}-M{M}.best.json.gz", "wt") as f:
+            f.write(json.dumps(picks))
+        last = 9.0 if run is runs[2] else 2.0
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_max": float(1 + s % 2)}) + "\n" for s in range(1, 21))
+                                           + json.dumps({"step": 21, "reward_max": last}) + "\n")
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r", "--endpoints", "2,4")
+    assert res.exit_code == 0, res.output
+    watch = by_method(tmp_path / "r" / "watch.csv")
+    assert watch["t"]["Jumps"] == "21; none" and watch["t"]["Flagged"] == "50%"
+    assert watch["g"]["Jumps"] == "–; –" and watch["g"]["Flagged"] == "–"
