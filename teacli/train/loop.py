@@ -581,6 +581,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
 
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
+    _WATCH_BASELINE.clear()  # the watch's baseline is this run's first validation, not an earlier run's in this process
 
     try:
         tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing = _setup(recipe, world, is_level, engine_name)
