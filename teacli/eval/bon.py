@@ -348,13 +348,12 @@ def evaluate(
             raise EvalError(str(exc)) from None
     prompts = _split_prompts(loaded, split, data_dir)  # a wrong --split fails before anything is created
     files = EvalFiles.of(ckpt.eval_dir, split, M)
-    settings = _settings(recipe, run, ckpt, split, M, overrides)
-    if recipe.rollout.engine == "auto":
-        from teacli.rollout.factory import AUTO_WITHOUT_CHOICE, recipe_engine
+    from teacli.rollout.factory import AUTO_WITHOUT_CHOICE, recipe_engine
 
-        engine, why = recipe_engine(recipe, max(M, recipe.rollout.batch_size))
-        if why not in AUTO_WITHOUT_CHOICE:
-            log(f"rollout.engine auto: {engine} ({why})")
+    engine, why = recipe_engine(recipe, max(M, recipe.rollout.batch_size))
+    if recipe.rollout.engine == "auto" and why not in AUTO_WITHOUT_CHOICE:
+        log(f"rollout.engine auto: {engine} ({why})")
+    settings = _settings(recipe, run, ckpt, split, M, overrides, engine)
     ckpt.eval_dir.mkdir(parents=True, exist_ok=True)
     busy = f"another `tea eval-bon` is writing {ckpt.eval_dir} (lock {files.lock.name}); wait for it to finish"
     from teacli.rewards import RewardError
@@ -401,13 +400,13 @@ def _split_prompts(recipe: "Recipe", split: str, data_dir: str | None) -> list:
     return prompts
 
 
-def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str]) -> dict[str, Any]:
+def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int, overrides: Sequence[str],
+              engine: str) -> dict[str, Any]:
+    """What an evaluation records in its settings file; `engine`: rollout.engine as resolved."""
     from teacli.config import JUDGE_KEYS
     from teacli.rollout.base import sampling_settings
-    from teacli.rollout.factory import recipe_engine
 
     r, w = recipe.rollout, recipe.reward
-    engine = recipe_engine(recipe, max(M, r.batch_size))[0]
     full = w.settings()  # with the lm_judge keys for a judge: another question gives other rewards
     reward = {k: full[k] for k in ("kind", "name_or_path", "function", "revision", "max_length", "params", *JUDGE_KEYS) if k in full}
     return {

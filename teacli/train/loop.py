@@ -209,7 +209,7 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
     from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rewards import build_reward
     from teacli.rollout.base import stop_token_ids
-    from teacli.rollout.factory import build_engine as build_rollout, resolve_engine_name
+    from teacli.rollout.factory import build_engine as build_rollout
     from teacli.train import backend
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
@@ -275,7 +275,7 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
         trainer_bytes += sum(p.numel() * p.element_size() for p in module.parameters() if p.device == world.device)
     say(world, f"building the trainer (DeepSpeed ZeRO-{recipe.backend.zero_stage}, {precision})")
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
-    say(world, f"building the {resolve_engine_name(recipe.rollout.engine)} rollout engine")
+    say(world, f"building the {engine_name} rollout engine")
     rollout = build_rollout(
         dataclasses.replace(recipe.rollout, engine=engine_name), engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
