@@ -79,8 +79,7 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
         v = vals[-1]
         vseqs = v["prompts"] * v["samples"]
         vprompt, vnew = v["tokens_prompt"] / vseqs, v["tokens_completion"] / vseqs
-        waves = -(-vseqs // 1024)
-        vfloor = (waves * planner.generation_floor(pol, card, vseqs / waves, vprompt, vnew)
+        vfloor = (planner.generation_floor(pol, card, vseqs, vprompt, vnew)  # the floor as the planner's: all at once
                   + (planner.forward_floor(rm, card, vseqs * (vprompt + vnew), vprompt + vnew) if rm else 0.0))
         out["validation"] = {"s": v["time_validation"], "generate_s": v["time_generate"], "reward_s": v["time_reward"],
                              "floor_s": vfloor, "checkpoint_s": v.get("time_checkpoint")}
