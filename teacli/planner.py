@@ -228,16 +228,12 @@ def _split_size(split: str) -> int:
 
 def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Card, engine: str, seqs: int, ctx: int,
             layers_ckpt: int) -> dict[str, float]:
-    from teacli.train.backend import activation_bytes
+    from teacli.train.backend import activation_bytes, state_bytes
 
     b = recipe.backend
     lora = recipe.policy.lora.enabled
     n_train = lora_params(pol, recipe.policy.lora.r, recipe.policy.lora.target_modules) if lora else pol.params
-    shard3 = gpus if b.zero_stage == 3 else 1
-    states = (2 * pol.params / shard3
-              + (2 * pol.params if recipe.kl.beta > 0 and not lora else 0)
-              + 2 * n_train / (gpus if b.zero_stage >= 2 else 1)
-              + (0 if b.offload_optimizer else 12 * n_train / (gpus if b.zero_stage >= 1 else 1)))
+    states = state_bytes(recipe, pol.params, n_train, gpus)
     reward = 2 * rm.params if rm else 0
     held = states + reward
     mb = recipe.optim.micro_batch_size

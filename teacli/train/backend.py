@@ -262,7 +262,12 @@ def model_state_bytes(recipe: "Recipe", model, world: World) -> int:
     """
     n_all = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    w, stage = world.world_size, recipe.backend.zero_stage
+    return state_bytes(recipe, n_all, n_train, world.world_size)
+
+
+def state_bytes(recipe: "Recipe", n_all: int, n_train: int, world_size: int) -> int:
+    """`model_state_bytes` from parameter counts (all, trainable) and the number of ranks (teacli/planner.py too)."""
+    w, stage = world_size, recipe.backend.zero_stage
     weights = 2 * n_all / (w if stage == 3 else 1)
     if recipe.kl.beta > 0 and not recipe.policy.lora.enabled:
         weights += 2 * n_all
