@@ -238,12 +238,17 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
     held = states + reward
     mb = recipe.optim.micro_batch_size
     train_act = activation_bytes(mb * ctx, pol.layers, pol.hidden, pol.intermediate, layers_ckpt)
-    if engine == "vllm":
-        share = 0.9 * max(0.0, card.memory_gib * _GiB - held)
-        v = recipe.validation  # rollout.kv_cache_gib: auto, as the engine sizes it (teacli/rollout/vllm_engine.py)
+    if engine == "vllm":  # the engine's own plan (teacli/rollout/vllm_engine.py), beside what the trainer holds
+        from teacli.rollout.vllm_engine import memory_plan
+
+        r, v = recipe.rollout, recipe.validation
+        free = max(0, int(card.memory_gib * _GiB - held))
         longest = max(seqs, v.prompts * v.samples if v.enabled else 0)
-        need = longest * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens) * pol.kv_bytes_per_token() * 1.25
-        kv = min(need, 0.5 * max(0.0, share - 2 * pol.params))
+        kwargs, _ = memory_plan(r.gpu_memory_utilization, r.kv_cache_gib, r.sleep, free=free, total=int(card.memory_gib * _GiB),
+                                allocated=int(held), trainer_bytes=int(held), weights_bytes=2 * pol.params,
+                                kv_needed=(longest, recipe.data.max_prompt_tokens + r.max_new_tokens, pol.kv_bytes_per_token()))
+        # a KV cache vLLM sizes itself (kv_cache_gib: null) takes the share less the weights
+        kv = kwargs.get("kv_cache_memory_bytes", kwargs["gpu_memory_utilization"] * card.memory_gib * _GiB - 2 * pol.params)
         gen = 2 * pol.params + kv + VLLM_OVERHEAD_GIB * _GiB
     else:
         gen = seqs * ctx * pol.kv_bytes_per_token()  # the static cache of a step's sequences in one batch
