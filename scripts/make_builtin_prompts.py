@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from teacli.rewards.rule import validate_constraints
 
 OUT = Path(__file__).resolve().parents[1] / "teacli" / "data" / "builtin" / "prompts.jsonl"
 OUT_EXT = OUT.with_name("heldout_ext.jsonl")
+OUT_HARD = OUT.with_name("hard.jsonl")
 
 
 def q(words: list[str]) -> str:
@@ -504,8 +506,76 @@ EXTENSION = {
 }
 
 
-def _record(kind, i: int, rng: random.Random, table: list, seen: set[str]) -> str:
+# --------------------------------------------------------------------------- the hard set (builtin-hard)
+# The same twelve kinds and 28 subjects each (the 20 of prompts.jsonl and the 8 of heldout_ext.jsonl), each
+# prompt with three more constraints drawn from EXTRAS (5-7 in all), under their own RNG: a set on which the
+# untrained SmolLM2-135M's best-of-256 stays far from the ceiling (docs/results/hard_reward.md). Its texts
+# differ from every prompt of the other two files, so its ids do too; `tea prepare-data builtin-hard`
+# splits it 176 / 32 / 128.
+ENDS = ["That is all.", "Now you know.", "Thanks for reading.", "Have a good day."]
+FORBIDDEN = [["and"], ["very", "really", "just"], ["is", "are"], ["you", "your"], ["thing", "things", "good"]]
+EXTRA_ORDER = ["lowercase", "no_commas", "keyword_frequency", "forbidden_words", "ends_with", "num_sentences"]
+NO_SENTENCE_COUNT = {"tips", "poem", "howto", "answer", "persuade", "sentences"}  # lists, stanzas, paragraphs, or already counted
+
+
+def _fixed_texts(constraints: list[dict]) -> list[str]:
+    """Every text the response must contain: starts, ends and keywords (a forbidden word may be none of them)."""
+    out = [c["text"] for c in constraints if c["type"] in ("start_with", "ends_with")]
+    out += [k for c in constraints if c["type"] == "include_keywords" for k in c["keywords"]]
+    return out + [c["keyword"] for c in constraints if c["type"] == "keyword_frequency"]
+
+
+def _forbids(constraints: list[dict], text: str) -> bool:
+    return any(re.search(rf"\b{w}\b", text, re.I) for c in constraints if c["type"] == "forbidden_words" for w in c["words"])
+
+
+def _extra(name: str, kind: str, rng: random.Random, constraints: list[dict]) -> tuple[str, dict] | None:
+    """The instruction and the constraint of one extra, or None where it would repeat or contradict one."""
+    types = {c["type"] for c in constraints}
+    fixed = _fixed_texts(constraints)
+    if name == "lowercase" and "lowercase" not in types:
+        return "Write the whole answer in lowercase letters.", {"type": "lowercase"}
+    if name == "no_commas" and "no_commas" not in types and not any("," in t for t in fixed):
+        return "Do not use any commas.", {"type": "no_commas"}
+    if name == "keyword_frequency" and "keyword_frequency" not in types:
+        keywords = [k for c in constraints if c["type"] == "include_keywords" for k in c["keywords"]]
+        if keywords:
+            k = rng.choice([3, 4])
+            return f"Use the word \"{keywords[0]}\" at least {k} times.", {"type": "keyword_frequency", "keyword": keywords[0], "min": k}
+    if name == "forbidden_words" and "forbidden_words" not in types:
+        options = [ws for ws in FORBIDDEN if not any(re.search(rf"\b{w}\b", t, re.I) for w in ws for t in fixed)]
+        ws = rng.choice(options)
+        return f"Do not use the words {q(ws).replace(' and ', ' or ')}." if len(ws) > 1 else f"Do not use the word \"{ws[0]}\".", \
+            {"type": "forbidden_words", "words": ws}
+    if name == "ends_with" and "ends_with" not in types:
+        end = rng.choice([e for e in ENDS if not _forbids(constraints, e)])
+        return f"End with the sentence \"{end}\"", {"type": "ends_with", "text": end}
+    if name == "num_sentences" and "num_sentences" not in types and kind not in NO_SENTENCE_COUNT:
+        n = rng.choice([4, 5, 6])
+        return f"Write exactly {n} sentences.", {"type": "num_sentences", "min": n, "max": n}
+    return None
+
+
+def hard(kind, i: int, rng: random.Random, table: list, extras: int = 3) -> tuple[str, list[dict]]:
+    """A prompt of `kind` on table[i] with `extras` more constraints where the kind allows (at least three), stated after the kind's own."""
     text, constraints = kind(i, rng, table)
+    names = rng.sample(EXTRA_ORDER, len(EXTRA_ORDER))
+    added = 0
+    for name in names:
+        got = _extra(name, kind.__name__, rng, constraints)
+        if got is None:
+            continue
+        text += " " + got[0]
+        constraints.append(got[1])
+        added += 1
+        if added == extras:
+            break
+    assert added >= 3, (kind.__name__, i)
+    return text, constraints
+
+
+def _record(kind, i: int, rng: random.Random, table: list, seen: set[str], extras: int = 0) -> str:
+    text, constraints = hard(kind, i, rng, table, extras) if extras else kind(i, rng, table)
     messages = normalize_messages([{"role": "user", "content": text}])
     pid = prompt_id(messages)
     assert pid not in seen, text
@@ -541,9 +611,19 @@ def build_heldout_ext() -> bytes:
     return _jsonl(_build_heldout_ext(seen))
 
 
+def build_hard(extras: int = 3) -> bytes:
+    """hard.jsonl: 336 prompts (12 kinds x 28 subjects) with 5-7 constraints each, none equal to a prompt of the other files."""
+    seen: set[str] = set()
+    _build(seen)
+    _build_heldout_ext(seen)
+    rng = random.Random(20261128)  # its own stream again
+    tables = {kind: kind.__defaults__[0] + EXTENSION[kind] for kind in KINDS}
+    return _jsonl([_record(kind, i, rng, tables[kind], seen, extras) for i in range(28) for kind in KINDS])
+
+
 def main() -> int:
     stale = False
-    for out, data in ((OUT, build()), (OUT_EXT, build_heldout_ext())):
+    for out, data in ((OUT, build()), (OUT_EXT, build_heldout_ext()), (OUT_HARD, build_hard())):
         if "--check" in sys.argv:
             stale_here = not out.is_file() or out.read_bytes() != data
             print(f"{out.name}: {'stale' if stale_here else 'up to date'}")

@@ -217,7 +217,7 @@ class _LazyBar:
 
 @app.command("prepare-data")
 def prepare_data(
-    source: str = typer.Argument(..., help="ultrafeedback | hh-helpful | files | builtin"),
+    source: str = typer.Argument(..., help="ultrafeedback | hh-helpful | files | builtin | builtin-hard"),
     out: Path = typer.Option(..., "--out", help="Output directory, e.g. data/uf."),
     inputs: Optional[list[Path]] = typer.Option(
         None, "--input", help="Local copy of the source rows (.jsonl[.gz], .json, .parquet, .csv; UTF-8); repeatable. Required for files."

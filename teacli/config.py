@@ -207,7 +207,7 @@ class RewardConfig:
 
 @dataclass
 class DataConfig:
-    dir: str = field("", "Directory written by `tea prepare-data` (train.jsonl, val.jsonl, heldout.jsonl, core*.jsonl), or `builtin`: the packaged prompt set, prepared into $TEA_CACHE/data/builtin on first use.")
+    dir: str = field("", "Directory written by `tea prepare-data` (train.jsonl, val.jsonl, heldout.jsonl, core*.jsonl), or `builtin` / `builtin-hard`: a packaged prompt set, prepared into $TEA_CACHE/data/NAME on first use.")
     train_split: str = field("train", "Split file used for training prompts.")
     val_split: str = field("val", "Split file used for checkpoint validation.")
     max_prompt_tokens: int = field(1024, "Prompts longer than this (after the chat template) are dropped from both splits at setup, counted in data.json and warned about.", ge=8)
@@ -991,7 +991,7 @@ def _check_runnable(recipe: Recipe, origin: dict[str, str]) -> None:
             where = _where(origin, key) if key in origin else (f" (not set in {src} or its bases)" if src else "")
             raise RecipeError(
                 f"{key}: required: a recipe names the policy to train (policy.name_or_path) and its prompts "
-                f"(data.dir: a `tea prepare-data` directory, or builtin){where}"
+                f"(data.dir: a `tea prepare-data` directory, builtin or builtin-hard){where}"
             )
 
 

@@ -63,6 +63,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 from teacli import rundir
 from teacli.config import RECIPES_DIR, RecipeError, find_recipe, load_recipe, read_yaml
 from teacli.data.prepare import split_names
+from teacli.data.sources import PACKAGED
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
@@ -271,8 +272,8 @@ def _steps_text(steps: list[int]) -> str:
 
 def _data_splits(data_dir: str) -> tuple[list[str], str]:
     """The splits a recipe's data.dir offers, and where that list comes from (for the error)."""
-    if data_dir == "builtin":
-        return list(split_names("builtin")), "the builtin prompt set"
+    if data_dir in PACKAGED:
+        return list(split_names(data_dir)), f"the {data_dir} prompt set"
     if Path(data_dir).is_dir():
         return sorted(p.name[: -len(".jsonl")] for p in Path(data_dir).glob("*.jsonl")), data_dir
     return list(split_names()), f"{data_dir} (not prepared yet: the splits `tea prepare-data` writes)"

@@ -1,5 +1,5 @@
 """Reading the splits written by `tea prepare-data` (the only prompt format the trainer and
-evaluator need). `dir: builtin` names the packaged prompt set, prepared once into the cache.
+evaluator need). `dir: builtin` (or `builtin-hard`) names a packaged prompt set, prepared once into the cache.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ def cache_dir() -> Path:
 
 def resolve_data_dir(data_dir: str) -> Path:
     """A prepare-data output directory; 'builtin' prepares the packaged set into the cache once."""
-    if data_dir == "builtin":
+    from teacli.data.sources import PACKAGED
+
+    if data_dir in PACKAGED:
         from teacli.data.prepare import prepare, split_names
 
-        out = cache_dir() / "data" / "builtin"
+        out = cache_dir() / "data" / data_dir
         # A cache prepared by an older tea lacks the splits added since (heldout_ext); its other
         # files are rewritten with the same bytes.
-        if not all((out / name).exists() for name in ("manifest.json", *(f"{s}.jsonl" for s in split_names("builtin")))):
-            prepare("builtin", out, force=True)
+        if not all((out / name).exists() for name in ("manifest.json", *(f"{s}.jsonl" for s in split_names(data_dir)))):
+            prepare(data_dir, out, force=True)
         return out
     path = Path(data_dir)
     if not path.is_dir():

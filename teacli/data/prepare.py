@@ -151,10 +151,10 @@ def prepare(
 
 
 def _streams(spec: Source, inputs: Sequence[Path], test_inputs: Sequence[Path]) -> tuple[list[Stream], list[Stream]]:
-    if spec.name == "builtin":
+    if spec.packaged:
         if inputs or test_inputs:
-            raise DataError("the builtin source takes no --input / --test-input")
-        return [builtin_stream()], []
+            raise DataError(f"the {spec.name} source takes no --input / --test-input")
+        return [builtin_stream(spec.packaged)], []
     if spec.name == "files" and not inputs:
         raise DataError("the files source needs at least one --input PATH (jsonl, parquet or csv)")
     # Hub splits load eagerly (an offline failure surfaces before any work), train first.

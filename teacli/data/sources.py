@@ -138,6 +138,7 @@ class Source:
     default_sizes: tuple[int | None, int, int]  # (train, val, heldout); train None = all the rest
     default_exclude: tuple[str, ...] = ()  # fnmatch patterns over Candidate.origin
     extension: str | None = None  # builtin: a packaged file of further prompts for evaluation only (the heldout_ext split)
+    packaged: str | None = None  # the pool is this file of teacli/data/builtin/ (no --input; `data.dir: NAME` prepares it into the cache)
 
     @property
     def hub(self) -> bool:
@@ -171,8 +172,12 @@ SOURCES: dict[str, Source] = {
         default_sizes=(121_079, 512, 250),
     ),
     "files": Source("files", (), (), None, None, default_sizes=(None, 512, 500)),
-    "builtin": Source("builtin", (), (), "messages", None, default_sizes=(160, 32, 48), extension="heldout_ext.jsonl"),
+    "builtin": Source("builtin", (), (), "messages", None, default_sizes=(160, 32, 48), extension="heldout_ext.jsonl",
+                      packaged="prompts.jsonl"),
+    # the hard set: the same kinds and subjects with 5-7 constraints a prompt (docs/data.md)
+    "builtin-hard": Source("builtin-hard", (), (), "messages", None, default_sizes=(176, 32, 128), packaged="hard.jsonl"),
 }
+PACKAGED = tuple(name for name, s in SOURCES.items() if s.packaged)  # data.dir values prepared into the cache
 
 FILE_COLUMN_GUESSES = ("messages", "prompt")
 CARRIED_META = ("constraints",)  # files/builtin columns copied into the records
@@ -212,7 +217,7 @@ def make_extractor(source: Source, column: str, origin: str) -> Callable[[Row], 
         if source.name == "ultrafeedback" and "completions" in row:
             cand.rated = _scored(row["completions"]) >= 2
         for key in CARRIED_META:
-            if source.name in ("files", "builtin") and row.get(key) is not None:
+            if (source.name == "files" or source.packaged) and row.get(key) is not None:
                 cand.meta[key] = row[key]
         return cand
 
