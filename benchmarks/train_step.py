@@ -195,7 +195,7 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         sync()
         t0 = time.perf_counter()
-        with backend.generation_weights(engine, args.zero):
+        with backend.generation_weights(engine, args.zero, rollout):
             t_gather = time.perf_counter() - t0
             groups = rollout.generate(prompt_ids, args.group_size, sampling, seed=step)
             sync()

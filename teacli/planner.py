@@ -252,7 +252,7 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
         gen = 2 * pol.params + kv + VLLM_OVERHEAD_GIB * _GiB
     else:
         gen = seqs * ctx * pol.kv_bytes_per_token()  # the static cache of a step's sequences in one batch
-    if b.zero_stage == 3 and gpus > 1:  # generation gathers the sharded weights whole (bf16) beside the shards
+    if b.zero_stage == 3 and gpus > 1 and engine == "hf":  # hf generates with the trainer's module: its shards gathered whole (bf16)
         gen += 2 * pol.params
     return {"states": states / _GiB, "reward_model": reward / _GiB, "generation": gen / _GiB,
             "train_activations": train_act / _GiB, "peak": (held + max(gen, train_act)) / _GiB}

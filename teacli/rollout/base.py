@@ -17,7 +17,9 @@ Two engines plug in behind `RolloutEngine`:
 The loop calls `engine.load_weights(named_parameters)` once before the first step, then per step:
 `engine.wake()`, `engine.generate(...)`, `engine.sleep()`, train, `engine.load_weights(...)`, and
 records `engine.stats()` in metrics.jsonl. Every method must be safe to call in that order on
-every engine.
+every engine. An engine's `shares_weights` attribute says whether it generates with the trainer's own
+module (hf: True, the default where an engine lacks it); only then does ZeRO-3 gather the whole weights for
+generation (`teacli.train.backend.generation_weights`).
 """
 
 from __future__ import annotations

@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 class HFEngine:
     """Batched sampling from an HF causal LM (possibly peft-wrapped), as `model.generate` samples (see the module docstring)."""
 
+    shares_weights = True  # generates with the trainer's module: ZeRO-3 gathers its weights for generation
+
     def __init__(
         self, model: Any, tokenizer: Any, batch_size: int = 64, eos_token_ids: Iterable[int] | None = None, *,
         attention: str = "sdpa_gqa", kv_cache: str = "auto", compile: bool | str = "auto", cache_bucket: int = 64,

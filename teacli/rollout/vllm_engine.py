@@ -105,6 +105,19 @@ TEA_DEFAULT_KWARGS = ("disable_log_stats", "enable_chunked_prefill", "max_num_ba
 _GiB = 2**30
 
 
+def collective_picks(picks: list[tuple[Any, Any]], prompt_token_ids: list[list[int]], forwards: int) -> list[tuple[Any, Any, bool]]:
+    """The sync check's (prompt, completion, counted) forwards: every pick once, counted; with `forwards` > 0
+    (ZeRO-3, where each forward gathers layers from every rank), exactly that many, the picks repeated (not
+    counted again) or, where there are none, the first prompt alone (completion None) to fill up."""
+    out = [(p, c, True) for p, c in picks]
+    if forwards <= 0:
+        return out
+    fill = [(p, c, False) for p, c in picks] or [(prompt_token_ids[0] if prompt_token_ids else [0], None, False)]
+    while len(out) < forwards:
+        out.append(fill[(len(out) - len(picks)) % len(fill)])
+    return out[:forwards]
+
+
 class VLLMEngine:
     """A `vllm.LLM` on this rank's device, generating with the trainer's pushed weights.
 
@@ -121,6 +134,8 @@ class VLLMEngine:
     itself are refused (`teacli.config.VLLM_RESERVED_KWARGS`), except the defaults in
     `TEA_DEFAULT_KWARGS`, which they may replace; keys this vLLM lacks are refused.
     """
+
+    shares_weights = False  # its own copy of the weights (pushed by load_weights): ZeRO-3 gathers nothing to generate
 
     def __init__(
         self,
@@ -405,6 +420,8 @@ class VLLMEngine:
         Takes the first completion of up to 4 prompts, their first 32 tokens, and compares the
         trainer's log-probs with the ones vLLM sampled them with. Returns the agreement
         ({"sync_logprob_mean_abs_diff", "sync_logprob_max_abs_diff", "sync_tokens_checked"}).
+        Under ZeRO-3 the trainer's module gathers each layer from every rank as it runs, so every rank runs
+        exactly 4 forwards (`collective_picks`), whatever number of prompts it generated for.
         """
         import torch
 
@@ -414,16 +431,22 @@ class VLLMEngine:
         # the first sample of each of the first prompts: the ones `generate` asked log-probs for in any case
         picks = [(p, g[0]) for p, g in zip(prompt_token_ids[:_SYNC_CHECK_SEQUENCES], groups) if g and g[0].token_ids]
         module = self.model
+        partitioned = any(hasattr(p, "ds_numel") for p in module.parameters())  # ZeRO-3: forwards are collective
         was_training = module.training
         module.eval()
         try:
             with torch.no_grad():
-                for prompt, completion in picks:
+                for prompt, completion, counted in collective_picks(picks, prompt_token_ids, _SYNC_CHECK_SEQUENCES if partitioned else 0):
+                    if completion is None:  # a forward only to take part in the ranks' gathers
+                        module(input_ids=torch.tensor([list(prompt)], device=self.device))
+                        continue
                     if completion.logprobs is None:
                         raise RuntimeError("vLLM returned no log-probs for the sampled tokens (SamplingParams.logprobs=0)")
                     tokens = completion.token_ids[:_SYNC_CHECK_TOKENS]
                     ids = torch.tensor([list(prompt) + tokens], device=self.device)
                     trainer = token_logprobs(module, ids, torch.ones_like(ids), len(prompt))[0].float().cpu()
+                    if not counted:
+                        continue
                     sampler = torch.tensor(completion.logprobs[: len(tokens)], dtype=torch.float32)
                     diffs.append((trainer - sampler).abs())
         finally:

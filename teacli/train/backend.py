@@ -135,8 +135,9 @@ class Checkpointing:
     """policy.gradient_checkpointing resolved: the first `layers` of the model's `of` decoder layers are
     checkpointed. On CUDA, with the model's shape known, also the estimates behind it (bytes): `activations`
     of one micro-batch with those layers checkpointed, `states` (model_state_bytes), and `budget`, the share
-    (`activation_share`) of the device's `total` memory that the model states leave, which `auto` fits the
-    activations into."""
+    (`activation_share`) of the memory this process may use (`total`: the device's free memory plus what the
+    process holds already) that the model states and the other models it holds (`held`: a reward model on the
+    device) leave, which `auto` fits the activations into."""
 
     setting: "bool | int | str"
     layers: int
@@ -145,6 +146,7 @@ class Checkpointing:
     states: int | None = None
     budget: int | None = None
     total: int | None = None
+    held: int = 0
 
     @property
     def estimate(self) -> int | None:
@@ -157,9 +159,10 @@ class Checkpointing:
         line = f"gradient checkpointing: {what} (policy.gradient_checkpointing: {str(self.setting).lower()})"
         if self.estimate is not None:
             gib = 2**30
+            held = f" and {self.held / gib:.1f} GiB of reward model" if self.held else ""
             line += (f"; estimated activations of one micro-batch {self.activations / gib:.1f} GiB (budget {self.budget / gib:.1f} GiB: "
-                     f"{self.budget / max(self.total - self.states, 1):.0%} of the {self.total / gib:.1f} GiB device less {self.states / gib:.1f} GiB of model states), "
-                     f"training peak ~{self.estimate / gib:.1f} GiB")
+                     f"{self.budget / max(self.total - self.states - self.held, 1):.0%} of the {self.total / gib:.1f} GiB this process may use "
+                     f"less {self.states / gib:.1f} GiB of model states{held}), training peak ~{self.estimate / gib:.1f} GiB")
         return line
 
 
@@ -208,15 +211,18 @@ def activation_share(recipe: "Recipe") -> float:
     return AWAKE_ENGINE_ACTIVATION_SHARE if awake else ACTIVATION_SHARE
 
 
-def resolve_checkpointing(recipe: "Recipe", model, world: World) -> Checkpointing:
+def resolve_checkpointing(recipe: "Recipe", model, world: World, held: int = 0) -> Checkpointing:
     """policy.gradient_checkpointing for `model` (before LoRA and ZeRO-3 wrap it): true = every decoder
     layer, false = none, an integer k = the first k; `auto` = the fewest that fit (`auto_checkpoint_layers`).
 
     The rule for `auto`: none on CPU (there it only costs time). On CUDA, the smallest k whose estimated
     activations of one micro-batch (`activation_bytes` of micro_batch_size × (data.max_prompt_tokens +
     rollout.max_new_tokens) tokens: the recipe's worst case, not a batch's actual lengths) fit in
-    `activation_share` (3/4; 1/2 beside an awake vllm engine) of the device memory left after the model states
-    (`model_state_bytes`); every layer for an architecture whose shape it cannot read. k above the model's layer count is a ValueError naming the key.
+    `activation_share` (3/4; 1/2 beside an awake vllm engine) of the memory this process may use (what is free on
+    the device plus what the process holds already: another process's memory is not) left after the model states
+    (`model_state_bytes`) and `held` (bytes of other models on the device the states do not count: the reward
+    model); every layer for an architecture whose shape it cannot read. k above the model's layer count is a
+    ValueError naming the key.
     """
     from teacli.models import checkpointable_layers
 
@@ -244,12 +250,13 @@ def resolve_checkpointing(recipe: "Recipe", model, world: World) -> Checkpointin
 
     inter = getattr(text, "intermediate_size", None) or 4 * hidden
     tokens = recipe.optim.micro_batch_size * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
-    total = torch.cuda.get_device_properties(world.device).total_memory
+    free, _ = torch.cuda.mem_get_info(world.device)
+    total = min(torch.cuda.get_device_properties(world.device).total_memory, free + torch.cuda.memory_allocated(world.device))
     states = model_state_bytes(recipe, model, world)
-    budget = int((total - states) * activation_share(recipe))
+    budget = max(0, int((total - states - held) * activation_share(recipe)))
     if layers < 0:
         layers = auto_checkpoint_layers(budget, tokens, of, hidden, inter)
-    return Checkpointing(setting, layers, of, activation_bytes(tokens, of, hidden, inter, layers), states, budget, total)
+    return Checkpointing(setting, layers, of, activation_bytes(tokens, of, hidden, inter, layers), states, budget, total, held)
 
 
 def model_state_bytes(recipe: "Recipe", model, world: World) -> int:
@@ -384,8 +391,9 @@ def gathered_parameters(model, zero_stage: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def generation_weights(engine, zero_stage: int) -> Iterator[None]:
-    """Whole, hook-free weights for generating with the training module.
+def generation_weights(engine, zero_stage: int, rollout: Any = None) -> Iterator[None]:
+    """Whole, hook-free weights for generating with the training module (a `rollout` engine whose
+    `shares_weights` is False, the vllm engine, generates with its own copy: nothing is gathered for it).
 
     Under ZeRO-3 every forward all-gathers parameters through module hooks, so ranks that generate
     different numbers of tokens would deadlock (and each step would gather again). For generation
@@ -393,7 +401,7 @@ def generation_weights(engine, zero_stage: int) -> Iterator[None]:
     uses DeepSpeed's parameter-offload internals (`_remove_module_hooks`, `setup_zero_stage3_hooks`),
     checked against deepspeed 0.19.
     """
-    if zero_stage != 3:
+    if zero_stage != 3 or not getattr(rollout, "shares_weights", True):
         yield
         return
     deepspeed = _deepspeed()

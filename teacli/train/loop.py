@@ -234,8 +234,15 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"
     if cpu_attention:  # grouped K/V without copies, multi-query bf16 attention in fp32 (models.sdpa_gqa_attention)
         policy.set_attn_implementation(models.register_sdpa_gqa())
+    what = recipe.reward.name_or_path or recipe.reward.function or recipe.reward.url
+    say(world, f"loading the reward ({recipe.reward.kind}{f': {what}' if what else ''})")
+    reward = build_reward(loaded.reward, device=world.device, tokenizer=tokenizer)
+    # A reward model on this device: what it holds counts for `auto` checkpointing and for the vllm engine's plan.
+    module = getattr(reward, "model", None)
+    reward_bytes = (sum(p.numel() * p.element_size() for p in module.parameters() if p.device == world.device)
+                    if isinstance(module, torch.nn.Module) else 0)
     try:
-        checkpointing = backend.resolve_checkpointing(recipe, policy, world)  # `auto`: the fewest layers that fit
+        checkpointing = backend.resolve_checkpointing(recipe, policy, world, held=reward_bytes)  # `auto`: the fewest layers that fit
         models.set_gradient_checkpointing(policy, checkpointing.layers)
         kernels = resolve_kernels(recipe.policy.kernels, policy, world.device)
     except ValueError as exc:
@@ -257,10 +264,6 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
 
         policy = apply_lora(policy, recipe.policy.lora)
 
-    what = recipe.reward.name_or_path or recipe.reward.function or recipe.reward.url
-    say(world, f"loading the reward ({recipe.reward.kind}{f': {what}' if what else ''})")
-    reward = build_reward(loaded.reward, device=world.device, tokenizer=tokenizer)
-
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
     if P % world.world_size:
         raise TrainError(f"rollout.prompts_per_step={P} must be divisible by the number of processes ({world.world_size})")
@@ -270,9 +273,7 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
     # The vllm engine sizes itself from what this process will hold beside it: the trainer's states and a reward
     # model on this device (allocated already, and not part of the trainer's: without it, what the reward model
     # holds hides what the trainer allocates only at its first step, and the engine cannot wake at the second).
-    module = getattr(reward, "model", None)
-    if isinstance(module, torch.nn.Module):
-        trainer_bytes += sum(p.numel() * p.element_size() for p in module.parameters() if p.device == world.device)
+    trainer_bytes += reward_bytes
     say(world, f"building the trainer (DeepSpeed ZeRO-{recipe.backend.zero_stage}, {precision})")
     engine = backend.build_engine(policy, recipe, world, grad_accum, precision)
     say(world, f"building the {engine_name} rollout engine")
@@ -646,7 +647,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             phase = "generation (rollout.batch_size, rollout.max_new_tokens)"
             scored = getattr(reward, "tokens_scored", None)  # a reward model counts the tokens it scores
             rollout.wake()
-            with backend.generation_weights(engine, recipe.backend.zero_stage):
+            with backend.generation_weights(engine, recipe.backend.zero_stage, rollout):
                 sel, position, t_gen, t_rew = generate_step(rollout, reward, train_prompts, recipe, world, step, position)
             rollout.sleep()
             prompt_ids, groups, rewards = sel.prompt_ids, sel.groups, sel.rewards
@@ -760,7 +761,7 @@ def _validation(engine, rollout, reward, val_prompts, recipe, progress, stage: s
         rollout.progress = lambda done, _total: progress.stage(stage, done, total)
     rollout.wake()
     try:
-        with backend.generation_weights(engine, recipe.backend.zero_stage):
+        with backend.generation_weights(engine, recipe.backend.zero_stage, rollout):
             # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
             result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
     finally:

@@ -31,8 +31,11 @@ def world(device: str) -> backend.World:
     return backend.World(rank=0, world_size=1, local_rank=0, device=torch.device(device))
 
 
-def card(monkeypatch, total: int) -> None:
+def card(monkeypatch, total: int, others: int = 0, mine: int = 0) -> None:
+    """A CUDA device of `total` bytes where other processes hold `others` and this one `mine`."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d: SimpleNamespace(total_memory=total))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda _d: (total - others - mine, total))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda _d: mine)
 
 
 def test_activation_estimate_counts_a_checkpointed_layer_by_its_input():
@@ -101,6 +104,25 @@ def test_auto_on_a_card_checkpoints_the_layers_the_budget_needs(monkeypatch):
     r.policy.gradient_checkpointing = 3
     with pytest.raises(ValueError, match=r"^policy.gradient_checkpointing: 3 layers, but LlamaForCausalLM has 2 decoder layers"):
         backend.resolve_checkpointing(r, model, world("cpu"))
+
+
+def test_auto_budgets_what_this_process_may_use_not_the_whole_card(monkeypatch):
+    """Memory another process holds is not this run's, and a reward model beside the policy takes its share first:
+    the budget is 3/4 of (free + what this process holds) − model states − the reward model's bytes."""
+    model = make_causal_lm(make_tokenizer())
+    states = backend.model_state_bytes(recipe(), model, world("cuda"))
+    G = 2**30
+    card(monkeypatch, 80 * G, others=60 * G, mine=1 * G)  # 20 GiB this process may use, 1 of it already its own
+    got = backend.resolve_checkpointing(recipe(), model, world("cuda"))
+    assert (got.total, got.budget) == (20 * G, int((20 * G - states) * 0.75))
+    assert "of the 20.0 GiB this process may use" in got.describe()
+    got = backend.resolve_checkpointing(recipe(), model, world("cuda"), held=4 * G)  # a 4 GiB reward model on the device
+    assert (got.held, got.budget) == (4 * G, int((16 * G - states) * 0.75)) and "and 4.0 GiB of reward model" in got.describe()
+    card(monkeypatch, 80 * G)  # nothing else on the card: the whole card, as before
+    assert backend.resolve_checkpointing(recipe(), model, world("cuda")).total == 80 * G
+    card(monkeypatch, 80 * G, others=79 * G)  # less than the states: a budget of 0, all but the last layer checkpointed
+    got = backend.resolve_checkpointing(recipe(), model, world("cuda"), held=4 * G)
+    assert got.budget == 0 and got.layers == 1
 
 
 def _gradients(model, batch) -> dict[str, torch.Tensor]:
