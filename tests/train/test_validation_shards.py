@@ -17,7 +17,7 @@ SAMPLES = 4
 
 
 class Rollout:
-    """Prompt k's sample j: k + 1 prompt-free words then j words, `k + j` completion tokens."""
+    """Prompt k's sample j: the word `pk` k + 1 times, then j words `w`; k + j completion tokens."""
 
     def generate(self, prompt_ids, n, sampling, seed):
         return [[Completion(token_ids=[7] * (ids[0] + j), text=" ".join([f"p{ids[0]}"] * (ids[0] + 1) + ["w"] * j), finished=True)
@@ -69,7 +69,7 @@ def expected(count: int, top: int) -> dict:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
 def test_merged_parts_equal_the_unsharded_validation(world, monkeypatch):
-    """7 prompts over `world` ranks (8: ranks 7 has none): the merged dict is the one-process validation's (score,
+    """7 prompts over `world` ranks (8: rank 7 has none): the merged dict is the one-process validation's (score,
     reward mean, token counts, the watch over every prompt's pick in prompt order), times are the slowest rank's."""
     count, r = 7, recipe()
     monkeypatch.setattr(loop, "_WATCH_BASELINE", {})
