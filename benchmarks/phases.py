@@ -8,7 +8,10 @@ validation: the median time over the steps after the first `--skip` (compile and
 floor on the card (teacli.planner: FLOPs at its dense bf16 peak; generation: bytes at its memory bandwidth),
 time / floor, and for the FLOP phases their MFU (floor / time). Then the whole step against the sum of the floors,
 the peak memory, and `tea train --estimate`'s prediction for the same recipe and GPU count with its error.
-`@GPUS` gives a run's GPU count where its metrics do not record `world_size` (runs before they did).
+`@GPUS` gives a run's GPU count where its metrics do not record `world_size` (runs before they did). Each GPU
+validates its share of the prompts; a multi-GPU run recorded before validation was split (its validation rows
+have no `sequences_by_rank`: every GPU validated every prompt) is compared with the prediction for that, one
+GPU's validation, and its row says so.
 
 `--calibrate` prints the efficiencies (floor / time) of the runs together, what teacli.planner.CALIBRATION holds.
 Targets (docs/reproducing.md): reward scoring and reference >= 55% MFU, backward + step >= 45% MFU, generation
@@ -77,14 +80,21 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
     vals = [v for v in vals if "time_validation" in v]
     if vals:
         v = vals[-1]
-        vseqs = v["prompts"] * v["samples"]
+        vseqs = v["prompts"] * v["samples"]  # every GPU's together (the token counts are of all of them)
+        # The most sequences a GPU validated: rank 0's share (`sequences_by_rank`); rows without it were written before
+        # validation was split over GPUs, when every GPU validated every prompt.
+        gpu_seqs = max(v["sequences_by_rank"]) if "sequences_by_rank" in v else vseqs
         vprompt, vnew = v["tokens_prompt"] / vseqs, v["tokens_completion"] / vseqs
-        vfloor = (planner.generation_floor(pol, card, vseqs, vprompt, vnew)  # the floor as the planner's: all at once
-                  + (planner.forward_floor(rm, card, vseqs * (vprompt + vnew), vprompt + vnew) if rm else 0.0))
+        vfloor = (planner.generation_floor(pol, card, gpu_seqs, vprompt, vnew)  # the floor as the planner's: all at once
+                  + (planner.forward_floor(rm, card, gpu_seqs * (vprompt + vnew), vprompt + vnew) if rm else 0.0))
         out["validation"] = {"s": v["time_validation"], "generate_s": v["time_generate"], "reward_s": v["time_reward"],
-                             "floor_s": vfloor, "checkpoint_s": v.get("time_checkpoint")}
+                             "floor_s": vfloor, "checkpoint_s": v.get("time_checkpoint"), "sequences_gpu": gpu_seqs,
+                             "every_gpu_all_prompts": world > 1 and "sequences_by_rank" not in v}
     e = planner.estimate(recipe, gpus=world, card=card, prompt_tokens=round(prompt), engine=engine)
-    out["predicted"] = {"step_s": e.step_s, **{k: e.seconds[k] for k, _ in PHASES}, "validation_s": e.seconds["validation"],
+    val_e = e
+    if out.get("validation", {}).get("every_gpu_all_prompts"):  # compared with what that code did: one GPU's validation
+        val_e = planner.estimate(recipe, gpus=1, card=card, prompt_tokens=round(prompt), engine=engine)
+    out["predicted"] = {"step_s": e.step_s, **{k: e.seconds[k] for k, _ in PHASES}, "validation_s": val_e.seconds["validation"],
                         "checkpoint_s": e.seconds["checkpoint"], "peak_gib": e.memory_gib["peak"]}
     return out
 
@@ -108,7 +118,8 @@ def print_run(m: dict) -> None:
     print(f"| step | {m['step_s']:.2f} | | {floors:.2f} | {m['step_s'] / floors:.1f}x | | {p['step_s']:.2f} | {p['step_s'] / m['step_s'] - 1:+.0%} |")
     if "validation" in m:
         v = m["validation"]
-        print(f"| validation | {v['s']:.1f} | | {v['floor_s']:.1f} | {v['s'] / v['floor_s']:.1f}x | | {p['validation_s']:.1f} | "
+        name = "validation (every GPU validated every prompt: recorded before validation was split)" if v.get("every_gpu_all_prompts") else "validation"
+        print(f"| {name} | {v['s']:.1f} | | {v['floor_s']:.1f} | {v['s'] / v['floor_s']:.1f}x | | {p['validation_s']:.1f} | "
               f"{p['validation_s'] / v['s'] - 1:+.0%} |")
         if v.get("checkpoint_s"):
             print(f"| checkpoint | {v['checkpoint_s']:.1f} | | | | | {p['checkpoint_s']:.1f} | {p['checkpoint_s'] / v['checkpoint_s'] - 1:+.0%} |")

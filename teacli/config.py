@@ -262,7 +262,7 @@ class RolloutConfig:
         "vllm on CUDA: the KV cache in GiB (vLLM's kv_cache_memory_bytes), instead of what gpu_memory_utilization "
         "leaves after the weights and activations (null); checked against the free memory at start-up. 'auto' = what "
         "one generation call's sequences can hold at once (tea train: the larger of a rank's prompts x group_size and "
-        "validation.prompts x validation.samples, each "
+        "a rank's share of validation.prompts x validation.samples, each "
         "data.max_prompt_tokens + rollout.max_new_tokens long, plus 25%), capped at half the engine's share after the "
         "weights (the cap where the sequences are not known); a smaller cache wakes faster after sleep (docs/vllm.md).",
         gt=0.0,
@@ -386,7 +386,7 @@ class CheckpointConfig:
 @dataclass
 class ValidationConfig:
     enabled: bool = field(True, "Validate at each checkpoint and select the best.")
-    prompts: int = field(128, "Fixed validation prompts (the first of the val split).", ge=1)
+    prompts: int = field(128, "Fixed validation prompts (the first of the val split), split over the ranks.", ge=1)
     samples: int = field(32, "Completions per validation prompt.", ge=1)
     top: int = field(10, "Score = mean of the top this many rewards per prompt, averaged over prompts.", ge=1)
     at_start: bool = field(True, "Also score the untrained policy (validation.jsonl step 0; not a selectable checkpoint).")

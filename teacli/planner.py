@@ -197,7 +197,7 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
         "sync": floors["sync"] / cal["vllm_bw"],
     }
     v = recipe.validation
-    val_seqs = v.prompts * v.samples if v.enabled else 0  # every rank validates every prompt
+    val_seqs = math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0  # each GPU validates its share of the prompts
     floors["validation"] = gen_floor(val_seqs) + reward_floor(val_seqs)
     seconds["validation"] = gen_time(val_seqs) + reward_floor(val_seqs) / cal["reward"] if val_seqs else 0.0
     ckpt_bytes = 2 * pol.params + (0 if lora else 16 * pol.params / (gpus if recipe.backend.zero_stage >= 1 else 1))
@@ -243,7 +243,7 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
 
         r, v = recipe.rollout, recipe.validation
         free = max(0, int(card.memory_gib * _GiB - held))
-        longest = max(seqs, v.prompts * v.samples if v.enabled else 0)
+        longest = max(seqs, math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0)  # a step's or a validation's share
         kwargs, _ = memory_plan(r.gpu_memory_utilization, r.kv_cache_gib, r.sleep, free=free, total=int(card.memory_gib * _GiB),
                                 allocated=int(held), trainer_bytes=int(held), weights_bytes=2 * pol.params,
                                 kv_needed=(longest, recipe.data.max_prompt_tokens + r.max_new_tokens, pol.kv_bytes_per_token()))

@@ -79,6 +79,33 @@ def test_estimate_of_the_paper_recipe_adds_up():
         planner.estimate(r, card="a100")
 
 
+def test_each_gpu_validates_its_share_of_the_prompts():
+    """Validation is split over the GPUs (teacli.train.loop.validation_share): on 8 GPUs each generates and scores
+    ceil(prompts / 8) x samples sequences, what one GPU does for that many prompts; a validation no longer costs the
+    same on any number of GPUs."""
+    import copy
+
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
+    assert (r.validation.prompts, r.validation.samples) == (128, 32)
+
+    def with_prompts(n: int):
+        out = copy.deepcopy(r)
+        out.validation.prompts = n
+        return out
+
+    for engine in ("hf", "vllm"):
+        e1, e8 = (planner.estimate(r, gpus=g, card="h100", engine=engine) for g in (1, 8))
+        share = planner.estimate(with_prompts(128 // 8), gpus=1, card="h100", engine=engine)
+        assert e8.seconds["validation"] == pytest.approx(share.seconds["validation"]) and e8.seconds["validation"] < e1.seconds["validation"] / 4
+        assert e8.floors["validation"] == pytest.approx(share.floors["validation"])
+        assert e8.run_s < e1.run_s
+        # 130 prompts on 8 GPUs: rank 0 takes 17 (ceil), and the validation lasts as long as its share
+        assert planner.estimate(with_prompts(130), gpus=8, card="h100", engine=engine).seconds["validation"] == pytest.approx(
+            planner.estimate(with_prompts(17), gpus=1, card="h100", engine=engine).seconds["validation"])
+
+
 def test_what_does_not_fit_says_so_and_more_gpus_make_it_fit():
     """Qwen3-4B full fine-tune under ZeRO-3 with an 8B reward model: 4B x 18 bytes of states (2 of weights, 2 of the
     reference's, 2 of gradients, 12 of optimizer state) alone pass 80 GB on one card. On two, ZeRO-3 gathers the

@@ -247,7 +247,15 @@ class VLLMEngine:
     def generate(
         self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingConfig, seed: int
     ) -> list[list[Completion]]:
-        """prompt_token_ids[P] → completions[P][n] (prompt-major), each with its sampled tokens' log-probs."""
+        """prompt_token_ids[P] → completions[P][n] (prompt-major), each with its sampled tokens' log-probs.
+
+        No prompts (a rank whose share of a validation is empty) generate nothing, but a pending sync check still
+        runs its forwards: under ZeRO-3 the other ranks' checks gather layers from this one (`collective_picks`)."""
+        if not prompt_token_ids:
+            if self._verify_pending and self.cfg.verify_sync:
+                self._last_check = self.check_sync([], []) or self._last_check
+            self._verify_pending = False
+            return []
         from vllm import SamplingParams
 
         if n < 1:

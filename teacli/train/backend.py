@@ -519,6 +519,17 @@ def all_reduce_max(value: int) -> int:
     return int(_all_reduce_stats({"value": value}, "max")["value"])
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank; `[obj]` without a process group of several."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     import torch.distributed as dist
 

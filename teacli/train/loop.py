@@ -17,7 +17,9 @@ recipe's execution keys (config.EXECUTION_KEYS, recorded in resume.jsonl) but no
 experiment, nor the train / val split files (their sha256 in data.json); the run's files are written
 only once every check and the setup have passed (docs/training.md, "Resume").
 
-Multi-process: `prompts_per_step` is global; each rank takes its share of the step's prompts.
+Multi-process: `prompts_per_step` is global; each rank takes its share of the step's prompts. Validation
+is split the same way: rank r validates the prompts r, r + world, r + 2·world, … and the ranks' rewards
+and picks are gathered into one result, the one a single process would compute from the same samples.
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
         dataclasses.replace(recipe.rollout, engine=engine_name), engine.module, tokenizer, policy=recipe.policy, seed=recipe.seed + world.rank,
         max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens, trainer_bytes=trainer_bytes,
         sampler_logprobs=is_level != "off",  # every sampled token's log-prob only where the correction reads them
-        max_sequences=max(local_seqs, validation_sequences(recipe, val_prompts)),  # one call's most (rollout.kv_cache_gib: auto)
+        max_sequences=max(local_seqs, validation_sequences(recipe, val_prompts, world.world_size)),  # one call's most (rollout.kv_cache_gib: auto)
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
     return tokenizer, engine, reference, reward, train_prompts, val_prompts, rollout, data_report, checkpointing
 
@@ -290,15 +292,20 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
 # The step
 
 
+def _sampling(recipe):
+    from teacli.types import SamplingConfig
+
+    r = recipe.rollout
+    return SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+
+
 def generate_and_score(rollout, reward, batch, recipe, n: int, seed: int):
     """n completions per prompt of `batch` ((prompt, token ids) pairs from encode_splits) and their rewards [P, n]."""
     import torch
 
     from teacli.rewards import checked_score
-    from teacli.types import SamplingConfig
 
-    r = recipe.rollout
-    sampling = SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+    sampling = _sampling(recipe)
     prompts, prompt_ids = [p for p, _ in batch], [ids for _, ids in batch]
     t0 = time.perf_counter()
     groups: list[list[Completion]] = rollout.generate(prompt_ids, n, sampling, seed)
@@ -431,23 +438,63 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
 # Validation and checkpoints
 
 
-def validation_sequences(recipe, val_prompts) -> int:
-    """Sequences of one validation call on a rank (every rank validates every validation prompt in one call)."""
-    return len(val_prompts) * recipe.validation.samples if recipe.validation.enabled and val_prompts else 0
+def validation_share(val_prompts: list, rank: int, world_size: int) -> list:
+    """The validation prompts rank `rank` of `world_size` validates: every world_size-th from index `rank` on
+    (none where the ranks outnumber the prompts). The shares cover every prompt exactly once."""
+    return val_prompts[rank::world_size]
+
+
+def validation_sequences(recipe, val_prompts, world_size: int = 1) -> int:
+    """Sequences of one validation call on the rank that generates the most: rank 0, whose share
+    (`validation_share`) is ceil(prompts / world_size) prompts."""
+    if not recipe.validation.enabled or not val_prompts:
+        return 0
+    return -(-len(val_prompts) // world_size) * recipe.validation.samples
 
 
 def validate(rollout, reward, val_prompts, recipe, seed: int) -> dict[str, Any]:
-    """The paper's selection score: mean over prompts of the mean of the top-k rewards of n samples."""
+    """The paper's selection score: mean over prompts of the mean of the top-k rewards of n samples
+    (all of `val_prompts` in this process; `tea train` splits them over ranks: `_validation`)."""
+    return merge_validation([validation_part(rollout, reward, val_prompts, recipe, seed)], recipe)
+
+
+def validation_part(rollout, reward, prompts, recipe, seed: int) -> dict[str, Any]:
+    """What one rank's share of a validation contributes (`merge_validation` combines the ranks'): each
+    prompt's rewards and best sample's text (the reward-hacking watch's pick), token counts and times."""
     v = recipe.validation
-    prompts, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, val_prompts, recipe, v.samples, seed)
-    top = rewards.topk(min(v.top, rewards.shape[1]), dim=1).values.mean(dim=1)
-    # Reward-hacking watch on each prompt's best sample; the process's first validation is the baseline.
+    if not prompts:  # more ranks than prompts: nothing to generate (the vllm engine still runs a pending sync check)
+        if not getattr(rollout, "shares_weights", True):
+            rollout.generate([], v.samples, _sampling(recipe), seed)
+        return {"rewards": [], "picks": [], "time_generate": 0.0, "time_reward": 0.0,
+                "tokens_prompt_unique": 0, "tokens_prompt": 0, "tokens_completion": 0}
+    _, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, prompts, recipe, v.samples, seed)
     picks = hacking.best_of_n([c.text for g in groups for c in g], rewards.flatten().tolist(), v.samples)
+    return {"rewards": rewards.tolist(), "picks": picks, "time_generate": t_gen, "time_reward": t_rew,
+            **token_counts(prompt_ids, groups)}
+
+
+def merge_validation(parts: list[dict[str, Any]], recipe) -> dict[str, Any]:
+    """The validation result from the ranks' parts (rank order; rank r validated prompts r, r + world, …):
+    what one process computes from the same samples. The score and reward mean come from every prompt's
+    rewards back in prompt order, token counts are summed, times are the slowest rank's (wall time), and
+    the watch sees every prompt's pick in prompt order; the process's first validation is its baseline
+    (the same on every rank: each merges the same parts)."""
+    import torch
+
+    v = recipe.validation
+    world = len(parts)
+    n = sum(len(p["rewards"]) for p in parts)
+    order = [(i % world, i // world) for i in range(n)]  # prompt i: rank i % world's (i // world)-th
+    rewards = torch.tensor([parts[r]["rewards"][j] for r, j in order], dtype=torch.float32).reshape(n, v.samples)
+    picks = [parts[r]["picks"][j] for r, j in order]
+    top = rewards.topk(min(v.top, v.samples), dim=1).values.mean(dim=1)
     watch = hacking.watch(picks, hacking.compile_patterns(v.watch_patterns), _WATCH_BASELINE.setdefault("picks", picks))
-    return {"score": float(top.mean()), "prompts": len(prompts), "samples": v.samples, "top": v.top,
+    tokens = {k: sum(p[k] for p in parts) for k in ("tokens_prompt_unique", "tokens_prompt", "tokens_completion")}
+    return {"score": float(top.mean()), "prompts": n, "samples": v.samples, "top": v.top,
             "reward_mean": float(rewards.mean()),
-            "rule": f"mean of top-{v.top} of {v.samples} samples, {len(prompts)} prompts",
-            "time_generate": t_gen, "time_reward": t_rew, **token_counts(prompt_ids, groups), **watch}
+            "rule": f"mean of top-{v.top} of {v.samples} samples, {n} prompts",
+            "time_generate": max(p["time_generate"] for p in parts), "time_reward": max(p["time_reward"] for p in parts),
+            **tokens, "sequences_by_rank": [len(p["rewards"]) * v.samples for p in parts], **watch}
 
 
 _WATCH_BASELINE: dict[str, list[str]] = {}
@@ -637,7 +684,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
         if start == 0 and recipe.validation.enabled and recipe.validation.at_start and not has_baseline:
             # The untrained policy's score: the baseline every checkpoint is compared with.
             phase = "validation of the untrained policy (validation.samples, rollout.batch_size)"
-            result = _validation(engine, rollout, reward, val_prompts, recipe, progress, "step 0 validation (untrained policy)")
+            result = _validation(engine, rollout, reward, val_prompts, recipe, world, progress, "step 0 validation (untrained policy)")
             if world.is_main:
                 sink.validation({"step": 0, **result})
                 sink.note(f"step 0 (untrained policy): validation {result['score']:.4f}")
@@ -733,7 +780,7 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
 
     if recipe.validation.enabled:
         t0 = time.perf_counter()
-        result = _validation(engine, rollout, reward, val_prompts, recipe, progress, f"step {step} validation")
+        result = _validation(engine, rollout, reward, val_prompts, recipe, world, progress, f"step {step} validation")
         result["time_validation"] = time.perf_counter() - t0
     # data_position: prompts of the data order consumed so far (step × P unless dynamic sampling drew more).
     t0 = time.perf_counter()
@@ -750,20 +797,26 @@ def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompt
     backend.barrier()
 
 
-def _validation(engine, rollout, reward, val_prompts, recipe, progress, stage: str) -> dict[str, Any]:
-    """The validation score of the current weights; its progress (sequences generated) goes to `progress`."""
+def _validation(engine, rollout, reward, val_prompts, recipe, world, progress, stage: str) -> dict[str, Any]:
+    """The validation score of the current weights, the same on every rank. Each rank generates and scores its
+    share of the prompts (`validation_share`) and the parts are gathered (`merge_validation`); a rank with
+    none still takes part in every collective (ZeRO-3's parameter gathering, the gather). Its progress
+    (rank 0's sequences generated) goes to `progress`."""
     from teacli.train import backend
 
-    total = validation_sequences(recipe, val_prompts)
-    progress.stage(stage, 0, total, f"{len(val_prompts)} prompts × {recipe.validation.samples} samples")
+    share = validation_share(val_prompts, world.rank, world.world_size)
+    total = validation_sequences(recipe, share)
+    of = f" (this GPU's share of {len(val_prompts)})" if world.world_size > 1 else ""
+    progress.stage(stage, 0, total, f"{len(share)} prompts{of} × {recipe.validation.samples} samples")
     reports = hasattr(rollout, "progress")  # the hf engine reports each batch; vllm generates in one call
     if reports:
         rollout.progress = lambda done, _total: progress.stage(stage, done, total)
     rollout.wake()
     try:
         with backend.generation_weights(engine, recipe.backend.zero_stage, rollout):
-            # Fixed prompts and seed: checkpoints are compared on the same samples' randomness.
-            result = validate(rollout, reward, val_prompts, recipe, seed=recipe.seed + 7)
+            # Fixed prompts and seeds: checkpoints are compared on the same samples' randomness. The seed is
+            # the rank's (a share's samples depend on the number of ranks, as a step's rollouts do).
+            part = validation_part(rollout, reward, share, recipe, seed=recipe.seed + 7 + 1_000_003 * world.rank)
     finally:
         if reports:
             rollout.progress = None
@@ -771,4 +824,4 @@ def _validation(engine, rollout, reward, val_prompts, recipe, progress, stage: s
         progress.stage(stage, total, total)
     # No sleep: the next thing the engine does is the next step's generation, with these same weights
     # (a level-2 sleep would discard them with no push to bring them back).
-    return backend.broadcast_object(result)
+    return merge_validation(backend.all_gather_object(part), recipe)

@@ -44,3 +44,15 @@ def test_the_sync_check_runs_the_same_number_of_forwards_on_every_rank():
     assert collective_picks([], [[5, 6], [7]], 4) == [([5, 6], None, False)] * 4
     for n in range(0, 5):  # whatever a rank generated, 4 forwards
         assert len(collective_picks([a] * n, [[1]] * max(n, 1), 4)) == 4
+
+
+def test_a_rank_with_no_prompts_still_runs_a_pending_sync_check():
+    """A validation share can be empty (more ranks than prompts); the other ranks' checks gather from this one."""
+    calls = []
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.cfg = SimpleNamespace(verify_sync=True)
+    engine._verify_pending, engine._last_check = True, {"sync_tokens_checked": 128.0}
+    engine.check_sync = lambda prompts, groups: calls.append((prompts, groups)) or {}
+    assert engine.generate([], 4, None, seed=0) == [] and calls == [([], [])]
+    assert engine._verify_pending is False and engine._last_check == {"sync_tokens_checked": 128.0}  # the last real check stays
+    assert engine.generate([], 4, None, seed=0) == [] and len(calls) == 1  # nothing pending: nothing run

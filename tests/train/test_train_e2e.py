@@ -199,9 +199,12 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(assets, tmp_path):
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_two_processes(assets, tmp_path, stage):
     """Two processes under the deepspeed launcher; DeepSpeed's CPU shared-memory all-reduce segments (one per rank in
-    /dev/shm) are gone afterwards (teacli.train.backend._unlink_shm_segment: DeepSpeed never unlinks them)."""
+    /dev/shm) are gone afterwards (teacli.train.backend._unlink_shm_segment: DeepSpeed never unlinks them).
+    Validation is split over the ranks: 5 prompts as 3 + 2 (ZeRO-2); 1 prompt as 1 + 0 (ZeRO-3: the rank without
+    prompts still takes part in the parameter gathering and generates nothing)."""
     run = tmp_path / f"zero{stage}"
-    rec = recipe(assets, tmp_path, backend__zero_stage=stage, optim__steps=2)
+    val_prompts = {2: 5, 3: 1}[stage]
+    rec = recipe(assets, tmp_path, backend__zero_stage=stage, optim__steps=2, validation__prompts=val_prompts)
     port = 29500 + 10 * stage + os.getpid() % 500
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
@@ -210,6 +213,14 @@ def test_zero_two_processes(assets, tmp_path, stage):
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))  # no memory left behind
     rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2] and all(r["grad_norm"] > 0 for r in rows)
+    val = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+    used = json.loads((run / "data.json").read_text())["validation"]["used"]
+    assert [v["step"] for v in val] == [0, 2] and used == val_prompts
+    shares = [4 * len(range(k, val_prompts, 2)) for k in (0, 1)]  # rank k: prompts k, k + 2, … × 4 samples
+    for v in val:
+        assert v["prompts"] == used and v["sequences_by_rank"] == shares, v
+        assert v["watch_picks"] == used  # every prompt's best-of-n pick, from both ranks
+    assert f"{shares[0] // 4} prompts (this GPU's share of {used}) × 4 samples, {shares[0]} sequences" in proc.stderr + proc.stdout
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002")
