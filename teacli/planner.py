@@ -63,20 +63,22 @@ CARDS = {
 #     more are decoded in waves.
 #   reward, reference, train: the fraction of the card's peak FLOP/s the forward (and backward) reached at the
 #     paper's shapes; train_lora: an 8B LoRA policy's. With several GPUs each micro-batch costs ZeRO's
-#     communication and hooks on top: `zero2_micro_s` (the 1B shape on 2 GPUs), `zero3_micro_s` (Qwen3-4B on 2).
+#     communication and hooks on top: `zero2_micro_s` (the 1B shape on 2 GPUs), `zero3_micro_s` (Qwen3-4B on 2: its
+#     third step in docs/performance/2026-11-28-h200x2/, the first two being warm-up).
 #   checkpoint: GB/s written (the model, and the trainer state a full fine-tune resumes from); setup: start-up.
 CALIBRATION: dict[str, float] = {
     "hf_step_ms": 5.4, "hf_bw": 0.72,
     "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
     "reward": 0.571, "reference": 0.562, "train": 0.321, "train_lora": 0.443,
-    "zero2_micro_s": 0.071, "zero3_micro_s": 1.25,
+    "zero2_micro_s": 0.071, "zero3_micro_s": 0.755,
     "checkpoint_gbps": 0.72, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
 }
 VLLM_GRAPH_SEQS = 512  # vLLM 0.26's largest CUDA-graph batch (min(2 x max_num_seqs, 512)): more run in waves
 # What a vllm engine holds while it generates beyond its weights and KV cache (activations, CUDA graphs), GiB.
 VLLM_OVERHEAD_GIB = 2.0
 # A run fits where its predicted peak is at most this share of the card: Qwen3-4B under ZeRO-3 on two 79.2 GiB cards
-# (predicted 77.2 GiB) ran out of memory in its second step's generation.
+# ran out of memory in its second step's generation while ZeRO-3 gathered its weights for the vllm engine too
+# (predicted 77.2 GiB); without that gather (predicted 69.7 GiB) it ran, at a measured 74.8 GiB.
 FIT_SHARE = 0.95
 
 

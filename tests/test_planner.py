@@ -165,6 +165,10 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     cal = planner.CALIBRATION
     for phase in ("reward", "reference", "train"):
         assert one[phase]["floor_s"] / one[phase]["s"] == pytest.approx(cal[phase], rel=0.01), phase
+    # ZeRO-3's cost a micro-batch: Qwen3-4B on 2 GPUs, its third step (16 micro-batches of 8 of a GPU's 128 sequences)
+    qwen = phases.measure(repo / "docs" / "performance" / "2026-11-28-h200x2" / "runs" / "qwen4b_2gpu", 2, "h200", 2, 79.2)["phases"]
+    compute = qwen["train"]["floor_s"] / cal["train"]
+    assert (qwen["train"]["s"] - compute) / 16 == pytest.approx(cal["zero3_micro_s"], rel=0.01)
     lora = phases.measure(runs / "llama8b_lora", 1, "h200", 0, 79.2)["phases"]
     assert lora["train"]["floor_s"] / lora["train"]["s"] == pytest.approx(cal["train_lora"], rel=0.01)
     # vLLM's time a decode step at 512 (1B) and 256 (8B) sequences: vllm_step_ms + vllm_seq_ms a sequence
