@@ -113,7 +113,7 @@ def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatc
     spec.loader.exec_module(collect)
     collect.restore(tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
-    for reward, run in (("rule", "gpu_bon_grpo-base"), ("judge", "gpu_bon_judge_grpo-base")):
+    for reward, run in (("rule", "gpu_bon_grpo-base"), ("judge", "gpu_bon_judge_grpo-base"), ("hard", "gpu_bon_hard_grpo-base")):
         res = CliRunner().invoke(app, ["diagnose", "tail-fit", f"runs/{run}", "--checkpoint", "base", "--out", f"out/{reward}", "--no-plots"])
         assert res.exit_code == 0, res.output
         for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
@@ -227,6 +227,42 @@ def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefi
     assert capsys.readouterr().out == (gpu / f"training150_{reward}.md").read_text()
     summary.spread(reward, 150)
     assert capsys.readouterr().out == (gpu / f"spread150_{reward}.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeypatch, capsys):
+    """The hard-reward study runs in parts (recipes/studies/gpu_bon_hard.yaml): docs/results/gpu/report_hard is what
+    `tea report` computes from every run committed so far, and training_hard.md / spread_hard.md what
+    study_summary.py prints; hard_calibration.md is hard_calibration.py on the committed untrained arm."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    gpu = DOCS / "results" / "gpu"
+    runs = [f"runs/{p.name}" for m in ("grpo", "grpo_z", "tea") for p in sorted(gpu.glob(f"runs/gpu_bon_hard_{m}-s*"))]
+    assert any("_grpo-s" in r for r in runs) and any("_tea-s" in r for r in runs), runs
+    _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))  # the calibration reads the builtin-hard split's constraints
+    res = CliRunner().invoke(app, ["report", *runs, "--baseline", "gpu_bon_hard_grpo", "--base-arm", "runs/gpu_bon_hard_grpo-base",
+                                   "--bootstrap", "1000", "--seed", "0", "--split", "heldout", "--n", "256",
+                                   "--checkpoint", "selected", "--endpoints", "64,128,256", "--out", "out/r"])
+    assert res.exit_code == 0, res.output
+    committed = sorted(p for p in (gpu / "report_hard").iterdir() if p.suffix in (".md", ".csv"))
+    assert len(committed) >= 15
+    for path in committed:
+        assert _same(tmp_path / "out" / "r" / path.name, path), f"{path} differs from a recomputation"
+    summary = _load("study_summary", gpu / "study_summary.py")
+    capsys.readouterr()
+    summary.main("hard")
+    assert capsys.readouterr().out == (gpu / "training_hard.md").read_text()
+    summary.spread("hard")
+    assert capsys.readouterr().out == (gpu / "spread_hard.md").read_text()
+    calibration = _load("hard_calibration", gpu / "hard_calibration.py")
+    prompts, records, M = calibration.load(tmp_path / "runs" / "gpu_bon_hard_grpo-base", "heldout", None)
+    rows = calibration.calibrate(prompts, records, M, [None])
+    rows[0]["tolerance"] = 0.5  # the evaluation's (the reward's default)
+    assert calibration.table(rows, M, len(prompts)) + "\n" == (gpu / "hard_calibration.md").read_text()
 
 
 def test_judge_picks_cross_score_recomputes(capsys):

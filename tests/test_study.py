@@ -369,6 +369,41 @@ def test_gpu_study_plan_lists_every_stage_on_the_gpus_and_matches_the_protocol(s
     assert r == rule  # the judge study is the rule study with another reward
 
 
+def test_the_hard_reward_studies_are_the_rule_study_on_the_hard_set_and_the_ablation_changes_only_m():
+    """recipes/studies/gpu_bon_hard.yaml: the rule study's recipes but for the data (builtin-hard), the evaluation
+    (its 128 held-out prompts) and 100 steps; gpu_bon_hard_m.yaml: TEA and GRPO at m = 16 and 32, paired at matched m,
+    the m = 64 runs the main study's; both plan every stage on the GPUs."""
+    from teacli.config import load_recipe
+
+    main, ablation = load_study(find_study("gpu_bon_hard")), load_study(find_study("gpu_bon_hard_m"))
+    assert main.runs == ["gpu_bon_hard_grpo", "gpu_bon_hard_grpo_z", "gpu_bon_hard_tea"] and len(main.seeds) >= 4
+    assert (main.split, main.n, main.base) == ("heldout", 256, "gpu_bon_hard_grpo")
+    assert len(ablation.seeds) >= 3 and ablation.pairs == {"gpu_bon_hard_tea_m16": "gpu_bon_hard_grpo_m16",
+                                                          "gpu_bon_hard_tea_m32": "gpu_bon_hard_grpo_m32"}
+    assert {"gpu_bon_hard_grpo", "gpu_bon_hard_tea"} <= set(ablation.runs) and ablation.runs_dir == main.runs_dir
+    for name, rule in (("gpu_bon_hard_grpo", "gpu_bon_grpo"), ("gpu_bon_hard_grpo_z", "gpu_bon_grpo_z"), ("gpu_bon_hard_tea", "gpu_bon_tea")):
+        hard, old = load_recipe(find_recipe(name)).to_dict(), load_recipe(find_recipe(rule)).to_dict()
+        assert (hard["data"]["dir"], hard["eval"]["split"], hard["eval"]["M"], hard["optim"]["steps"]) == ("builtin-hard", "heldout", 256, 100)
+        for r in (hard, old):
+            for key in ("name", "description"):
+                r.pop(key)
+            r["data"].pop("dir"), r["eval"].pop("split"), r["optim"].pop("steps")
+        assert hard == old, name
+    for method in ("grpo", "tea"):
+        m64 = load_recipe(find_recipe(f"gpu_bon_hard_{method}")).to_dict()
+        for m in (16, 32):
+            r = load_recipe(find_recipe(f"gpu_bon_hard_{method}_m{m}")).to_dict()
+            assert r["rollout"]["group_size"] == m and r["rollout"]["prompts_per_step"] == 8
+            for d in (r, m64):
+                for key in ("name", "description"):
+                    d.pop(key, None)
+                d["rollout"].pop("group_size", None)
+            assert r == m64, (method, m)
+    for study in ("gpu_bon_hard", "gpu_bon_hard_m"):
+        res = CliRunner().invoke(app, ["study", study, "--dry-run", "--gpus", "0,1", "--per-gpu", "3"])
+        assert res.exit_code == 0 and res.output.strip().splitlines()[-1].startswith("dry run: "), res.output
+
+
 @pytest.mark.parametrize("study,twin", [("gpu_bon150_rule", "gpu_bon_rule"), ("gpu_bon150_judge", "gpu_bon_judge")])
 def test_the_150_step_gpu_studies_differ_from_the_75_step_ones_in_the_steps_only(study, twin):
     """recipes/studies/gpu_bon150_{rule,judge}.yaml: the same study (methods, seeds, base arm, evaluation,

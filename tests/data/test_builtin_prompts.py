@@ -6,7 +6,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from teacli.data.normalize import normalize_messages, prompt_id
-from teacli.rewards.rule import CONSTRAINTS, RuleReward
+from teacli.rewards.rule import CONSTRAINTS, RuleReward, count_keyword
 from teacli.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,3 +100,39 @@ def test_an_older_builtin_cache_gets_the_new_split(tmp_path, monkeypatch):
     (cache / "heldout_ext.jsonl").unlink()  # as prepared by a tea without the extension
     assert len(load_split("builtin", "heldout_ext")) == len(before["heldout_ext.jsonl"].splitlines())
     assert {p.name: p.read_bytes() for p in cache.glob("*.jsonl")} == before
+
+
+def test_the_hard_set_matches_its_generator_and_is_new_valid_and_harder():
+    """builtin-hard: the 12 kinds x 28 subjects, each prompt its kind's constraints plus three more (5-7), none
+    repeated, none contradicting a required text; no prompt of the other two files."""
+    spec = importlib.util.spec_from_file_location("make_builtin_prompts", ROOT / "scripts" / "make_builtin_prompts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.build_hard() == files("teacli.data").joinpath("builtin", "hard.jsonl").read_bytes()
+    rows = [json.loads(line) for line in files("teacli.data").joinpath("builtin", "hard.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == len({r["id"] for r in rows}) == 28 * len(module.KINDS)
+    assert not {r["id"] for r in rows} & {r["id"] for r in load() + load_ext()}
+    reward = RuleReward()
+    for r in rows:
+        types = [c["type"] for c in r["constraints"]]
+        assert 5 <= len(types) <= 7 and len(set(types)) == len(types), r["id"]
+        required = [c["text"] for c in r["constraints"] if c["type"] in ("start_with", "ends_with")]
+        if "no_commas" in types:
+            assert not any("," in t for t in required), r["id"]
+        forbidden = [w for c in r["constraints"] if c["type"] == "forbidden_words" for w in c["words"]]
+        keywords = [k for c in r["constraints"] for k in c.get("keywords", [c["keyword"]] if "keyword" in c else [])]
+        assert not any(count_keyword(t, w) for w in forbidden for t in required + keywords), r["id"]
+        assert r["id"] == prompt_id(normalize_messages(r["messages"]))
+        reward.constraint_scores(Prompt.from_json(r), "some answer")
+
+
+def test_builtin_hard_prepares_into_the_cache_with_its_sizes(tmp_path, monkeypatch):
+    from teacli.data.load import load_split, resolve_data_dir
+
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path))
+    cache = resolve_data_dir("builtin-hard")
+    assert cache == tmp_path / "data" / "builtin-hard"
+    sizes = {s: len(load_split("builtin-hard", s)) for s in ("train", "val", "heldout")}
+    assert sizes == {"train": 176, "val": 32, "heldout": 128}
+    assert all(p.meta["constraints"] for p in load_split("builtin-hard", "heldout"))
+    assert not (cache / "heldout_ext.jsonl").exists()  # only the builtin source has the extension

@@ -7,6 +7,12 @@ the headroom criterion h = (bo256 − bo1) / (1 − bo1) (issue: at most 0.60), 
 q in [0.80, 0.99] (median, 10th percentile, share ≥ 0.95; issue: median ≥ 0.95), as `tea diagnose tail-fit`.
 
     python docs/results/gpu/hard_calibration.py RUN_DIR [--split heldout] [--data-dir DIR] [--tolerance 0.5 0.35 0.25] [--out FILE.md]
+
+Records without their texts (docs/results/gpu/collect.py keeps only the rewards) give one row, the rewards as
+recorded (`τ` is then the evaluation's own, from its .run.json):
+
+    python docs/results/gpu/collect.py --restore /tmp/runs
+    python docs/results/gpu/hard_calibration.py /tmp/runs/gpu_bon_hard_grpo-base   # docs/results/gpu/hard_calibration.md
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from teacli.advantages.tail import qq_tail_r2
 from teacli.data.load import load_split
 from teacli.diagnostics.tail_fit import tail_summary
 from teacli.eval.stats import grouped_bon
-from teacli.rewards.rule import RuleReward
+from teacli.rewards.rule import RuleParams, RuleReward
 from teacli.types import Prompt
 
 
@@ -46,15 +52,16 @@ def load(run: Path, split: str, data_dir: str | None) -> tuple[list[Prompt], lis
     return prompts, records, M
 
 
-def calibrate(prompts: list[Prompt], records: list[dict], M: int, tolerances: list[float]) -> list[dict]:
+def calibrate(prompts: list[Prompt], records: list[dict], M: int, tolerances: list[float | None]) -> list[dict]:
+    """One row per τ (None: the rewards as recorded)."""
     index = {p.id: i for i, p in enumerate(prompts)}
     rows = []
     for tol in tolerances:
-        reward = RuleReward(tolerance=tol)
+        reward = RuleReward(tolerance=tol) if tol is not None else None
         r = np.full((len(prompts), M), np.nan)
         for rec in records:
             i = index[rec["prompt_id"]]
-            r[i, rec["sample"]] = reward.score_one(prompts[i], rec["response"])
+            r[i, rec["sample"]] = rec["reward"] if reward is None else reward.score_one(prompts[i], rec["response"])
         if np.isnan(r).any():
             raise SystemExit(f"{int(np.isnan(r).sum())} completions missing: the evaluation is not complete")
         bon = {n: float(grouped_bon(r, n).mean()) for n in (1, 64, 128, 256) if M % n == 0}
@@ -84,7 +91,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     prompts, records, M = load(a.run, a.split, a.data_dir)
-    text = table(calibrate(prompts, records, M, a.tolerance), M, len(prompts))
+    tolerances: list[float | None] = a.tolerance
+    if any(rec.get("response") is None for rec in records):  # texts not kept: the recorded rewards, at the evaluation's τ
+        settings = json.loads(next((a.run / "eval" / "base").glob(f"{a.split}-M*.run.json")).read_text())
+        tolerances = [None]
+        recorded = settings["reward"]["params"].get("tolerance", RuleParams.tolerance)
+    rows = calibrate(prompts, records, M, tolerances)
+    for row in rows:
+        if row["tolerance"] is None:
+            row["tolerance"] = recorded
+    text = table(rows, M, len(prompts))
     print(text)
     if a.out:
         a.out.write_text(text + "\n")

@@ -6,6 +6,7 @@ step, the median step time and its generation share, and the wall time of traini
 
     python docs/results/gpu/study_summary.py rule > docs/results/gpu/training_rule.md
     python docs/results/gpu/study_summary.py rule --steps 150 > docs/results/gpu/training150_rule.md
+    python docs/results/gpu/study_summary.py hard > docs/results/gpu/training_hard.md   # the hard reward (100 steps)
 
 `spread` prints, per run (the untrained arm first), the shape of its held-out rewards: their mean, the
 mean over prompts of the within-prompt standard deviation of the M rewards (TEA's objective trades
@@ -34,7 +35,10 @@ METHODS = ("grpo", "grpo_z", "tea")
 def walls(reward: str, steps: int) -> dict[tuple[str, str], str]:
     """(stage, run) -> wall time as the study printed it, from the `done` lines of its logs."""
     out = {}
-    logs = [HERE / f"study_{reward}.log"] if steps == 75 else sorted(HERE.glob(f"study{steps}_{reward}_s*.log"))
+    if reward == "hard":  # run in parts: study_hard_<part>.log
+        logs = sorted(HERE.glob("study_hard_*.log"))
+    else:
+        logs = [HERE / f"study_{reward}.log"] if steps == 75 else sorted(HERE.glob(f"study{steps}_{reward}_s*.log"))
     for log in logs:
         for line in log.read_text().splitlines():
             m = re.match(r"\[study \S+\] done  (train|eval-bon) (\S+) in (\S+)$", line)
@@ -44,7 +48,10 @@ def walls(reward: str, steps: int) -> dict[tuple[str, str], str]:
 
 
 def run_prefix(reward: str, steps: int = 75) -> str:
-    """The study's run-name prefix: gpu_bon (rule reward, 75 steps), gpu_bon_<reward>, gpu_bon150, gpu_bon150_<reward>."""
+    """The study's run-name prefix: gpu_bon (rule reward, 75 steps), gpu_bon_<reward>, gpu_bon150, gpu_bon150_<reward>;
+    gpu_bon_hard for the hard reward (recipes/studies/gpu_bon_hard.yaml, 100 steps)."""
+    if reward == "hard":
+        return "gpu_bon_hard"
     base = "gpu_bon" if steps == 75 else f"gpu_bon{steps}"
     return base if reward == "rule" else f"{base}_{reward}"
 
@@ -92,7 +99,7 @@ def spread(reward: str, steps: int = 75) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the GPU study's training tables")
-    parser.add_argument("reward", nargs="?", default="rule", choices=["rule", "judge"])
+    parser.add_argument("reward", nargs="?", default="rule", choices=["rule", "judge", "hard"])
     parser.add_argument("table", nargs="?", default="training", choices=["training", "spread"])
     parser.add_argument("--steps", type=int, default=75, choices=[75, 150], help="which study: 75 or 150 training steps")
     args = parser.parse_args()
