@@ -65,13 +65,15 @@ CARDS = {
 #     paper's shapes; train_lora: an 8B LoRA policy's. With several GPUs each micro-batch costs ZeRO's
 #     communication and hooks on top: `zero2_micro_s` (the 1B shape on 2 GPUs), `zero3_micro_s` (Qwen3-4B on 2: its
 #     third step in docs/performance/2026-11-28-h200x2/, the first two being warm-up).
-#   checkpoint: GB/s written (the model, and the trainer state a full fine-tune resumes from); setup: start-up.
+#   checkpoint: GB/s written (the model, and the trainer state a full fine-tune resumes from); a LoRA policy's
+#     checkpoint merges the adapters into a copy of the model and saves it: `lora_merge_gbps` of its bf16 bytes (the
+#     8B LoRA run: 16 GB in 106 s); setup: start-up.
 CALIBRATION: dict[str, float] = {
     "hf_step_ms": 5.4, "hf_bw": 0.72,
     "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
     "reward": 0.571, "reference": 0.562, "train": 0.321, "train_lora": 0.443,
     "zero2_micro_s": 0.071, "zero3_micro_s": 0.755,
-    "checkpoint_gbps": 0.72, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
+    "checkpoint_gbps": 0.72, "lora_merge_gbps": 0.151, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
 }
 VLLM_GRAPH_SEQS = 512  # vLLM 0.26's largest CUDA-graph batch (min(2 x max_num_seqs, 512)): more run in waves
 # What a vllm engine holds while it generates beyond its weights and KV cache (activations, CUDA graphs), GiB.
@@ -202,8 +204,11 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     val_seqs = math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0  # each GPU validates its share of the prompts
     floors["validation"] = gen_floor(val_seqs) + reward_floor(val_seqs)
     seconds["validation"] = gen_time(val_seqs) + reward_floor(val_seqs) / cal["reward"] if val_seqs else 0.0
-    ckpt_bytes = 2 * pol.params + (0 if lora else 16 * pol.params / (gpus if recipe.backend.zero_stage >= 1 else 1))
-    seconds["checkpoint"] = ckpt_bytes / (CALIBRATION["checkpoint_gbps"] * 1e9)
+    if lora:  # the merged model (bf16); the adapters' own state is small
+        seconds["checkpoint"] = 2 * pol.params / (cal["lora_merge_gbps"] * 1e9)
+    else:
+        ckpt_bytes = 2 * pol.params + 16 * pol.params / (gpus if recipe.backend.zero_stage >= 1 else 1)
+        seconds["checkpoint"] = ckpt_bytes / (cal["checkpoint_gbps"] * 1e9)
     steps = recipe.optim.steps
     every = recipe.checkpoint.save_every
     saves = steps // every + (1 if steps % every else 0)

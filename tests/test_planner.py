@@ -169,8 +169,12 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     qwen = phases.measure(repo / "docs" / "performance" / "2026-11-28-h200x2" / "runs" / "qwen4b_2gpu", 2, "h200", 2, 79.2)["phases"]
     compute = qwen["train"]["floor_s"] / cal["train"]
     assert (qwen["train"]["s"] - compute) / 16 == pytest.approx(cal["zero3_micro_s"], rel=0.01)
-    lora = phases.measure(runs / "llama8b_lora", 1, "h200", 0, 79.2)["phases"]
+    lora_run = phases.measure(runs / "llama8b_lora", 1, "h200", 0, 79.2)
+    lora = lora_run["phases"]
     assert lora["train"]["floor_s"] / lora["train"]["s"] == pytest.approx(cal["train_lora"], rel=0.01)
+    # a LoRA checkpoint: the merged 8B model's bf16 bytes over the measured merge-and-save
+    shape = _shape("meta-llama--Llama-3.1-8B-Instruct")
+    assert 2 * shape.params / lora_run["validation"]["checkpoint_s"] / 1e9 == pytest.approx(cal["lora_merge_gbps"], rel=0.01)
     # vLLM's time a decode step at 512 (1B) and 256 (8B) sequences: vllm_step_ms + vllm_seq_ms a sequence
     for ph, seqs in ((one, 512), (lora, 256)):
         step_ms = ph["generate"]["s"] / 512 * 1e3
