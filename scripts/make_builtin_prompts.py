@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import sys
 from pathlib import Path
 
 from teacli.data.normalize import normalize_messages, prompt_id
-from teacli.rewards.rule import validate_constraints
+from teacli.rewards.rule import count_keyword, validate_constraints
 
 OUT = Path(__file__).resolve().parents[1] / "teacli" / "data" / "builtin" / "prompts.jsonl"
 OUT_EXT = OUT.with_name("heldout_ext.jsonl")
@@ -525,8 +524,9 @@ def _fixed_texts(constraints: list[dict]) -> list[str]:
     return out + [c["keyword"] for c in constraints if c["type"] == "keyword_frequency"]
 
 
-def _forbids(constraints: list[dict], text: str) -> bool:
-    return any(re.search(rf"\b{w}\b", text, re.I) for c in constraints if c["type"] == "forbidden_words" for w in c["words"])
+def _mentions(text: str, words: list[str]) -> bool:
+    """Whether `text` holds one of `words` as the rule reward's forbidden_words counts them (`count_keyword`)."""
+    return any(count_keyword(text, w) for w in words)
 
 
 def _extra(name: str, kind: str, rng: random.Random, constraints: list[dict]) -> tuple[str, dict] | None:
@@ -543,12 +543,13 @@ def _extra(name: str, kind: str, rng: random.Random, constraints: list[dict]) ->
             k = rng.choice([3, 4])
             return f"Use the word \"{keywords[0]}\" at least {k} times.", {"type": "keyword_frequency", "keyword": keywords[0], "min": k}
     if name == "forbidden_words" and "forbidden_words" not in types:
-        options = [ws for ws in FORBIDDEN if not any(re.search(rf"\b{w}\b", t, re.I) for w in ws for t in fixed)]
+        options = [ws for ws in FORBIDDEN if not any(_mentions(t, ws) for t in fixed)]
         ws = rng.choice(options)
         return f"Do not use the words {q(ws).replace(' and ', ' or ')}." if len(ws) > 1 else f"Do not use the word \"{ws[0]}\".", \
             {"type": "forbidden_words", "words": ws}
     if name == "ends_with" and "ends_with" not in types:
-        end = rng.choice([e for e in ENDS if not _forbids(constraints, e)])
+        forbidden = [w for c in constraints if c["type"] == "forbidden_words" for w in c["words"]]
+        end = rng.choice([e for e in ENDS if not _mentions(e, forbidden)])
         return f"End with the sentence \"{end}\"", {"type": "ends_with", "text": end}
     if name == "num_sentences" and "num_sentences" not in types and kind not in NO_SENTENCE_COUNT:
         n = rng.choice([4, 5, 6])

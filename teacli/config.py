@@ -19,7 +19,6 @@ import dataclasses
 import math
 import re
 import types
-import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path

@@ -164,35 +164,45 @@ def _load(name: str, path: Path):
     return mod
 
 
+def _report_recomputes(gpu: Path, runs: list[str], args: list[str], out: str, at_least: int) -> None:
+    """`tea report RUNS ARGS --out out/<out>` (run in the restored runs' directory) equals every .md and .csv of
+    the committed docs/results/gpu/<out>, of which there are at least `at_least`."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    res = CliRunner().invoke(app, ["report", *runs, *args, "--out", f"out/{out}"])
+    assert res.exit_code == 0, res.output
+    committed = sorted(p for p in (gpu / out).iterdir() if p.suffix in (".md", ".csv"))
+    assert len(committed) >= at_least
+    for path in committed:
+        assert _same(Path("out") / out / path.name, path), f"{path} differs from a recomputation"
+
+
+def _summaries_recompute(gpu: Path, capsys, reward: str, steps: int, tag: str) -> None:
+    """study_summary.py's training and spread tables for `reward` and `steps` equal training<tag>.md / spread<tag>.md."""
+    summary = _load("study_summary", gpu / "study_summary.py")
+    capsys.readouterr()
+    summary.main(reward, steps)
+    assert capsys.readouterr().out == (gpu / f"training{tag}.md").read_text()
+    summary.spread(reward, steps)
+    assert capsys.readouterr().out == (gpu / f"spread{tag}.md").read_text()
+
+
 @pytest.mark.parametrize("reward, prefix", [("rule", "gpu_bon"), ("judge", "gpu_bon_judge")])
 def test_gpu_report_recomputes_from_the_committed_records(reward, prefix, tmp_path, monkeypatch, capsys):
     """docs/results/gpu/report_<reward> (two-level intervals) and report_<reward>_prompts_only are what
     `tea report` computes from the committed records of that study; training_<reward>.md and
     spread_<reward>.md are what study_summary.py prints."""
-    from typer.testing import CliRunner
-
-    from teacli.cli import app
-
     gpu = DOCS / "results" / "gpu"
     _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
     runs = [f"runs/{prefix}_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
     common = ["--baseline", f"{prefix}_grpo", "--bootstrap", "1000", "--seed", "0", "--split", "heldout_ext", "--n", "256",
               "--checkpoint", "selected", "--endpoints", "64,128,256"]
-    outs = ((f"report_{reward}", ["--base-arm", f"runs/{prefix}_grpo-base"]), (f"report_{reward}_prompts_only", ["--bootstrap-levels", "prompts"]))
-    for out, extra in outs:
-        res = CliRunner().invoke(app, ["report", *runs, *common, *extra, "--out", f"out/{out}"])
-        assert res.exit_code == 0, res.output
-        committed = sorted(p for p in (gpu / out).iterdir() if p.suffix in (".md", ".csv"))
-        assert len(committed) >= (2 if out.endswith("only") else 19)
-        for path in committed:
-            assert _same(tmp_path / "out" / out / path.name, path), f"{path} differs from a recomputation"
-    summary = _load("study_summary", gpu / "study_summary.py")
-    capsys.readouterr()
-    summary.main(reward)
-    assert capsys.readouterr().out == (gpu / f"training_{reward}.md").read_text()
-    summary.spread(reward)
-    assert capsys.readouterr().out == (gpu / f"spread_{reward}.md").read_text()
+    _report_recomputes(gpu, runs, [*common, "--base-arm", f"runs/{prefix}_grpo-base"], f"report_{reward}", 19)
+    _report_recomputes(gpu, runs, [*common, "--bootstrap-levels", "prompts"], f"report_{reward}_prompts_only", 2)
+    _summaries_recompute(gpu, capsys, reward, 75, f"_{reward}")
 
 
 @pytest.mark.slow
@@ -202,10 +212,6 @@ def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefi
     is what `tea report` computes from the seeds committed so far (every method of the seed collected; the base
     arm is the 75-step study's, whose untrained evaluation does not depend on optim.steps), and
     training150_<reward>.md and spread150_<reward>.md are what study_summary.py --steps 150 prints."""
-    from typer.testing import CliRunner
-
-    from teacli.cli import app
-
     gpu = DOCS / "results" / "gpu"
     seeds = sorted(int(p.name.rsplit("-s", 1)[1]) for p in gpu.glob(f"runs/{prefix}_tea-s*"))
     assert seeds, f"no {prefix}_tea-s<seed> under docs/results/gpu/runs"
@@ -213,20 +219,10 @@ def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefi
     assert all((gpu / run).is_dir() for run in runs), "a seed is committed for some methods only"
     _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(app, ["report", *runs, "--baseline", f"{prefix}_grpo", "--base-arm", f"runs/{base}_grpo-base",
-                                   "--bootstrap", "1000", "--seed", "0", "--split", "heldout_ext", "--n", "256",
-                                   "--checkpoint", "selected", "--endpoints", "64,128,256", "--out", "out/r"])
-    assert res.exit_code == 0, res.output
-    committed = sorted(p for p in (gpu / f"report150_{reward}").iterdir() if p.suffix in (".md", ".csv"))
-    assert len(committed) >= 17
-    for path in committed:
-        assert _same(tmp_path / "out" / "r" / path.name, path), f"{path} differs from a recomputation"
-    summary = _load("study_summary", gpu / "study_summary.py")
-    capsys.readouterr()
-    summary.main(reward, 150)
-    assert capsys.readouterr().out == (gpu / f"training150_{reward}.md").read_text()
-    summary.spread(reward, 150)
-    assert capsys.readouterr().out == (gpu / f"spread150_{reward}.md").read_text()
+    _report_recomputes(gpu, runs, ["--baseline", f"{prefix}_grpo", "--base-arm", f"runs/{base}_grpo-base", "--bootstrap", "1000",
+                                   "--seed", "0", "--split", "heldout_ext", "--n", "256", "--checkpoint", "selected",
+                                   "--endpoints", "64,128,256"], f"report150_{reward}", 17)
+    _summaries_recompute(gpu, capsys, reward, 150, f"150_{reward}")
 
 
 @pytest.mark.slow
@@ -234,30 +230,16 @@ def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeyp
     """The hard-reward study runs in parts (recipes/studies/gpu_bon_hard.yaml): docs/results/gpu/report_hard is what
     `tea report` computes from every run committed so far, and training_hard.md / spread_hard.md what
     study_summary.py prints; hard_calibration.md is hard_calibration.py on the committed untrained arm."""
-    from typer.testing import CliRunner
-
-    from teacli.cli import app
-
     gpu = DOCS / "results" / "gpu"
     runs = [f"runs/{p.name}" for m in ("grpo", "grpo_z", "tea") for p in sorted(gpu.glob(f"runs/gpu_bon_hard_{m}-s*"))]
     assert any("_grpo-s" in r for r in runs) and any("_tea-s" in r for r in runs), runs
     _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))  # the calibration reads the builtin-hard split's constraints
-    res = CliRunner().invoke(app, ["report", *runs, "--baseline", "gpu_bon_hard_grpo", "--base-arm", "runs/gpu_bon_hard_grpo-base",
-                                   "--bootstrap", "1000", "--seed", "0", "--split", "heldout", "--n", "256",
-                                   "--checkpoint", "selected", "--endpoints", "64,128,256", "--out", "out/r"])
-    assert res.exit_code == 0, res.output
-    committed = sorted(p for p in (gpu / "report_hard").iterdir() if p.suffix in (".md", ".csv"))
-    assert len(committed) >= 15
-    for path in committed:
-        assert _same(tmp_path / "out" / "r" / path.name, path), f"{path} differs from a recomputation"
-    summary = _load("study_summary", gpu / "study_summary.py")
-    capsys.readouterr()
-    summary.main("hard")
-    assert capsys.readouterr().out == (gpu / "training_hard.md").read_text()
-    summary.spread("hard")
-    assert capsys.readouterr().out == (gpu / "spread_hard.md").read_text()
+    _report_recomputes(gpu, runs, ["--baseline", "gpu_bon_hard_grpo", "--base-arm", "runs/gpu_bon_hard_grpo-base", "--bootstrap",
+                                   "1000", "--seed", "0", "--split", "heldout", "--n", "256", "--checkpoint", "selected",
+                                   "--endpoints", "64,128,256"], "report_hard", 15)
+    _summaries_recompute(gpu, capsys, "hard", 75, "_hard")
     calibration = _load("hard_calibration", gpu / "hard_calibration.py")
     prompts, records, M = calibration.load(tmp_path / "runs" / "gpu_bon_hard_grpo-base", "heldout", None)
     rows = calibration.calibrate(prompts, records, M, [None])

@@ -292,20 +292,14 @@ def _setup(recipe: "Recipe", world, is_level: str, engine_name: str):
 # The step
 
 
-def _sampling(recipe):
-    from teacli.types import SamplingConfig
-
-    r = recipe.rollout
-    return SamplingConfig(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
-
-
 def generate_and_score(rollout, reward, batch, recipe, n: int, seed: int):
     """n completions per prompt of `batch` ((prompt, token ids) pairs from encode_splits) and their rewards [P, n]."""
     import torch
 
     from teacli.rewards import checked_score
+    from teacli.rollout.base import sampling_from
 
-    sampling = _sampling(recipe)
+    sampling = sampling_from(recipe.rollout)
     prompts, prompt_ids = [p for p, _ in batch], [ids for _, ids in batch]
     t0 = time.perf_counter()
     groups: list[list[Completion]] = rollout.generate(prompt_ids, n, sampling, seed)
@@ -464,7 +458,9 @@ def validation_part(rollout, reward, prompts, recipe, seed: int) -> dict[str, An
     v = recipe.validation
     if not prompts:  # more ranks than prompts: nothing to generate (the vllm engine still runs a pending sync check)
         if not getattr(rollout, "shares_weights", True):
-            rollout.generate([], v.samples, _sampling(recipe), seed)
+            from teacli.rollout.base import sampling_from
+
+            rollout.generate([], v.samples, sampling_from(recipe.rollout), seed)
         return {"rewards": [], "picks": [], "time_generate": 0.0, "time_reward": 0.0,
                 "tokens_prompt_unique": 0, "tokens_prompt": 0, "tokens_completion": 0}
     _, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, prompts, recipe, v.samples, seed)

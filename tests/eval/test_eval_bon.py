@@ -221,6 +221,32 @@ def test_default_run_is_the_current_or_most_recent(tmp_path):
 # -- issue 22: items 9, 12 and 16 --------------------------------------------------------------------
 
 
+def _unevaluated_copy(evaluated: Path, run: Path) -> tuple[Path, Path]:
+    """A copy of the evaluated run without its evaluation, and where its records will go."""
+    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
+    return run, run / "eval" / f"{SPLIT}-M{M}.jsonl"
+
+
+def _second_fsync_raises(monkeypatch, exc: BaseException, synced: bool):
+    """The evaluator's second fsync (the second batch of records appended) raises `exc`, before the sync or, with
+    `synced`, after it (the records safely on disk); returns the real os.fsync, to put back."""
+    from teacli.eval import bon
+
+    real, appends = bon.os.fsync, []
+
+    def fsync(fd):
+        appends.append(fd)
+        if synced:
+            real(fd)
+        if len(appends) == 2:
+            raise exc
+        if not synced:
+            real(fd)
+
+    monkeypatch.setattr(bon.os, "fsync", fsync)
+    return real
+
+
 def test_a_full_disk_is_one_line_naming_the_records_and_the_rerun_resumes(evaluated, tmp_path, monkeypatch):
     """ENOSPC on the second append: exit 2, one `error:` line naming the records file (a failed write names
     no file itself), only whole records on disk, no temporary file; the rerun completes the evaluation."""
@@ -228,18 +254,8 @@ def test_a_full_disk_is_one_line_naming_the_records_and_the_rerun_resumes(evalua
 
     from teacli.eval import bon
 
-    run = tmp_path / "full_run"
-    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
-    records = run / "eval" / f"{SPLIT}-M{M}.jsonl"
-    real, appends = bon.os.fsync, []
-
-    def fills_up(fd):
-        appends.append(fd)
-        if len(appends) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd)
-
-    monkeypatch.setattr(bon.os, "fsync", fills_up)
+    run, records = _unevaluated_copy(evaluated, tmp_path / "full_run")
+    real = _second_fsync_raises(monkeypatch, OSError(errno.ENOSPC, "No space left on device"), synced=False)
     res = tea("eval-bon", str(run))
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert res.stderr.strip().splitlines()[-1] == (f"error: {records}: no space left on device; free space there (or write "
@@ -326,18 +342,8 @@ def test_ctrl_c_says_what_is_written_and_the_command_that_goes_on(evaluated, tmp
     completions and prompts are safely on disk and the command that goes on; it used to exit 130 silently."""
     from teacli.eval import bon
 
-    run = tmp_path / "stopped"
-    shutil.copytree(evaluated, run, ignore=shutil.ignore_patterns("eval"))
-    records = run / "eval" / f"{SPLIT}-M{M}.jsonl"
-    real, appends = bon.os.fsync, []
-
-    def ctrl_c(fd):
-        appends.append(fd)
-        real(fd)
-        if len(appends) == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(bon.os, "fsync", ctrl_c)
+    run, records = _unevaluated_copy(evaluated, tmp_path / "stopped")
+    real = _second_fsync_raises(monkeypatch, KeyboardInterrupt(), synced=True)
     res = tea("eval-bon", str(run), "--split", SPLIT, "--set", "rollout.batch_size=16")
     assert res.exit_code == 130 and "Traceback" not in res.output, res.output
     assert res.stderr.strip().splitlines()[-1] == (
