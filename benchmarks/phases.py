@@ -10,8 +10,8 @@ time / floor, and for the FLOP phases their MFU (floor / time). Then the whole s
 the peak memory, and `tea train --estimate`'s prediction for the same recipe and GPU count with its error.
 `@GPUS` gives a run's GPU count where its metrics do not record `world_size` (runs before they did). Each GPU
 validates its share of the prompts; a multi-GPU run recorded before validation was split (its validation rows
-have no `sequences_by_rank`: every GPU validated every prompt) is compared with the prediction for that, one
-GPU's validation, and its row says so.
+have no `sequences_by_rank`: every GPU validated every prompt) is compared with the prediction for that (every
+GPU of the run validating all the prompts), and its row says so.
 
 `--calibrate` prints the efficiencies (floor / time) of the runs together, what teacli.planner.CALIBRATION holds.
 Targets (docs/reproducing.md): reward scoring and reference >= 55% MFU, backward + step >= 45% MFU, generation

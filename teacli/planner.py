@@ -253,6 +253,8 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     eval_seqs = prompts * M  # tea eval-bon runs on one GPU
     eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs, "eval") + reward_floor(eval_seqs) / cal["reward"] if prompts else 0.0
     fits = memory["peak"] <= FIT_SHARE * k.memory_gib
+    if recipe.reward.kind in ("lm_judge", "remote"):
+        notes.append(f"{recipe.name}: reward.kind {recipe.reward.kind}'s scoring is not priced (0 s in the step, validation and eval-bon)")
     if not fits:
         notes.append(f"does not fit: {memory['peak']:.1f} GiB a GPU, more than {FIT_SHARE:.0%} of {k.memory_gib:.1f}; more GPUs shard ZeRO-3 states "
                      "(backend.zero_stage: 3), or backend.offload_optimizer: true")
