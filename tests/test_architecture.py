@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"eval", "rundir", "diagnostics", "config"},  # config: seeds of one method compare as the schema resolves them
     "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval"},
     "study": {"config", "rundir", "data"},
-    "planner": {"config", "standins", "rollout", "train"},  # rollout: engine auto's rule; train: the activation estimate  # data: the split names prepare-data writes (eval.split is checked on load)
+    "planner": {"config", "standins", "rollout", "train", "data"},  # rollout: engine auto's rule; train: the activation estimate; data: a packaged prompt set's split sizes
 }
 # Modules of a unit that others may reach into although the unit as a whole sits higher.
 PURE = {
