@@ -229,7 +229,8 @@ def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefi
 def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeypatch, capsys):
     """The hard-reward study runs in parts (recipes/studies/gpu_bon_hard.yaml): docs/results/gpu/report_hard is what
     `tea report` computes from every run committed so far, and training_hard.md / spread_hard.md what
-    study_summary.py prints; hard_calibration.md is hard_calibration.py on the committed untrained arm."""
+    study_summary.py prints; hard_calibration.md is hard_calibration.py on the committed untrained arm, and
+    hard_ablation.md hard_ablation.py on the m-ablation's runs."""
     gpu = DOCS / "results" / "gpu"
     runs = [f"runs/{p.name}" for m in ("grpo", "grpo_z", "tea") for p in sorted(gpu.glob(f"runs/gpu_bon_hard_{m}-s*"))]
     assert any("_grpo-s" in r for r in runs) and any("_tea-s" in r for r in runs), runs
@@ -245,6 +246,8 @@ def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeyp
     rows = calibration.calibrate(prompts, records, M, [None])
     rows[0]["tolerance"] = 0.5  # the evaluation's (the reward's default)
     assert calibration.table(rows, M, len(prompts)) + "\n" == (gpu / "hard_calibration.md").read_text()
+    ablation = _load("hard_ablation", gpu / "hard_ablation.py")  # the m-ablation's runs so far, D(64) from the main study's
+    assert ablation.table(tmp_path / "runs", [16, 32, 64], 128, 1000, 0) + "\n" == (gpu / "hard_ablation.md").read_text()
 
 
 def test_judge_picks_cross_score_recomputes(capsys):
