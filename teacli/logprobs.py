@@ -37,13 +37,16 @@ FUSED_CHOICES = ("auto", "liger", "chunked", "plain")
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_prompt: int, *, fused: str = "auto") -> "Tensor":
+def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_prompt: int, *, fused: str = "auto",
+                   completion_index: "Tensor | None" = None) -> "Tensor":
     """Log-probs of the completion tokens: input_ids [B, L] (left-padded prompt of n_prompt tokens,
     then completion) → [B, L − n_prompt] fp32, the log-prob of token t given everything before it.
 
     Completion positions whose attention_mask is 0 (right padding) are 0: they are not computed.
     `fused`: auto (liger where usable, else chunked), liger, chunked, or plain (the model's full
     logits, row-wise log-softmax; the reference the others are tested against).
+    `completion_index`: `completion_index(attention_mask[:, n_prompt:])` computed where the mask was built
+    (the host), on the model's device. Without it the positions are found on the device, which waits for it.
     """
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused: {fused!r} is not one of {', '.join(FUSED_CHOICES)}")
@@ -55,12 +58,12 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
 
     hidden = _hidden_states(model, decoder, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     hidden = hidden[:, n_prompt - 1 : -1]  # [B, T, H]: the states that predict the completion
-    return _completion_logprobs(head, hidden, input_ids[:, n_prompt:], attention_mask[:, n_prompt:], fused)
+    return _completion_logprobs(head, hidden, input_ids[:, n_prompt:], attention_mask[:, n_prompt:], fused, completion_index)
 
 
 def shared_prompt_logprobs(
     model, prompt_ids: "Tensor", prompt_mask: "Tensor", row_of: "Tensor", completion_ids: "Tensor", completion_mask: "Tensor",
-    *, fused: str = "auto",
+    *, fused: str = "auto", completion_index: "Tensor | None" = None,
 ) -> "Tensor":
     """`token_logprobs` for sequences that share prompts, each prompt run through the model once.
 
@@ -73,7 +76,8 @@ def shared_prompt_logprobs(
     reaches the prompt positions it attends to, summed over the sequences that share them, exactly
     as in the concatenated forward. With m completions per prompt this does the prompt's work once
     instead of m times. Not for gradient-checkpointed models (transformers drops the cache of a
-    checkpointed layer): `can_share_prompts` says when it applies.
+    checkpointed layer): `can_share_prompts` says when it applies. `completion_index`: as for
+    `token_logprobs`, `completion_index(completion_mask)`.
     """
     import torch
 
@@ -98,7 +102,14 @@ def shared_prompt_logprobs(
             position_ids=start + torch.arange(ids.shape[1], device=ids.device), past_key_values=shared, use_cache=True,
         )
         hidden = torch.cat([hidden, rest], dim=1)
-    return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused)
+    return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused, completion_index)
+
+
+def completion_index(mask: "Tensor") -> "Tensor":
+    """The flat positions (row-major, in [B × T]) where a completion mask [B, T] is nonzero: which rows of the
+    hidden states get the LM head. Finding them on a GPU waits for it to catch up (the count decides the output's
+    size), so the trainer computes them on the host with its masks and moves both together."""
+    return mask.reshape(-1).nonzero().squeeze(1)
 
 
 def positions(mask: "Tensor") -> "Tensor":
@@ -212,19 +223,22 @@ def _hidden_states(model, decoder, **inputs: Any) -> "Tensor":
     return captured["hidden"]
 
 
-def _completion_logprobs(head, hidden: "Tensor", targets: "Tensor", mask: "Tensor", fused: str) -> "Tensor":
-    """hidden [B, T, H] (the states that predict targets [B, T]) → log-probs [B, T] fp32, 0 where mask is 0."""
+def _completion_logprobs(head, hidden: "Tensor", targets: "Tensor", mask: "Tensor", fused: str,
+                         index: "Tensor | None" = None) -> "Tensor":
+    """hidden [B, T, H] (the states that predict targets [B, T]) → log-probs [B, T] fp32, 0 where mask is 0.
+    `index`: `completion_index(mask)` where the caller has it (on hidden's device)."""
     import torch
 
-    valid = mask.bool()
-    rows = hidden[valid]  # [N, H], completion tokens only
-    tok = targets[valid]
+    if index is None:
+        index = completion_index(mask)
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)  # [N, H], completion tokens only
+    tok = targets.reshape(-1).index_select(0, index)
     kind = _resolve(fused, head, rows)
     # Without gradients liger would still compute its input/weight gradients in forward: chunked it is.
     grad = torch.is_grad_enabled() and rows.requires_grad
     flat = _liger(head, rows, tok) if kind == "liger" and grad else _chunked(head, rows, tok)
-    out = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
-    return out.masked_scatter(valid, flat.float())
+    out = torch.zeros(targets.numel(), dtype=torch.float32, device=targets.device)
+    return out.index_copy(0, index, flat.float()).view(targets.shape)
 
 
 def _head_and_decoder(model) -> tuple[Any, Any]:

@@ -199,3 +199,34 @@ def test_log_prob_functions_use_the_nan_safe_mask_and_it_changes_no_value_or_gra
     torch.testing.assert_close(safe, plain, rtol=0, atol=1e-6)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, plain_grads[n], rtol=1e-5, atol=1e-7, msg=lambda m: f"{n}: {m}")
+
+
+def test_completion_positions_found_on_the_host_change_nothing(tok):
+    """The trainer passes each micro-batch's completion positions (found on the host, where the masks are built) so
+    the device need not be waited for to find them: the same log-probs and parameter gradients as without, for the
+    whole sequences and the shared-prompt path."""
+    from teacli.logprobs import completion_index, shared_prompt_logprobs
+    from teacli.train.loop import pack, pack_shared
+
+    model = make_causal_lm(tok).float().train()
+    prompts, completions = shared_batch()
+    input_ids, attn, cmask, lp = pack(prompts, completions, tok.pad_token_id, "cpu")
+    p_ids, p_mask, row_of, c_ids, c_mask = pack_shared(prompts, completions, tok.pad_token_id, "cpu")
+    index = completion_index(cmask)
+    assert index.tolist() == [i for i, v in enumerate(cmask.reshape(-1).tolist()) if v]
+    weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(5))
+    runs = {
+        "whole": lambda **k: token_logprobs(model, input_ids, attn, lp, **k),
+        "shared": lambda **k: shared_prompt_logprobs(model, p_ids, p_mask, row_of, c_ids, c_mask, **k),
+    }
+    for name, run in runs.items():
+        got = []
+        for kwargs in ({}, {"completion_index": index}):
+            model.zero_grad(set_to_none=True)
+            value = run(**kwargs)
+            (value * weights).sum().backward()
+            got.append((value.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        assert torch.equal(got[0][0], got[1][0]), name
+        assert (got[0][0][cmask == 0] == 0).all()
+        for a, b in zip(got[0][1], got[1][1]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

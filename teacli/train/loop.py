@@ -344,13 +344,15 @@ def generate_step(rollout, reward, train_prompts, recipe, world, step: int, posi
 
 
 def _logprobs(model, batch: tuple, shared: bool) -> "torch.Tensor":
-    """Completion log-probs [B, Tc] of a micro-batch packed by `pack_shared` (shared) or `pack`."""
+    """Completion log-probs [B, Tc] of a micro-batch packed by `pack_shared` (shared) or `pack`, with its completion
+    positions (`logprobs.completion_index`) last."""
     from teacli.logprobs import shared_prompt_logprobs, token_logprobs
 
+    *batch, index = batch
     if shared:
-        return shared_prompt_logprobs(model, *batch)
+        return shared_prompt_logprobs(model, *batch, completion_index=index)
     input_ids, attn, _, lp = batch
-    return token_logprobs(model, input_ids, attn, lp)
+    return token_logprobs(model, input_ids, attn, lp, completion_index=index)
 
 
 def _ref_logprobs(reference, engine, batch: tuple, shared: bool):
@@ -363,6 +365,65 @@ def _ref_logprobs(reference, engine, batch: tuple, shared: bool):
         return _logprobs(reference, batch, shared)
 
 
+def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tensor", batches: list[list[int]], shared: bool,
+                         pad_id: int, device) -> list[tuple[float, tuple, "torch.Tensor"]]:
+    """(weight, batch, advantages) of every micro-batch, on `device`: the batch as `pack_shared` (shared) or `pack`
+    builds it, plus its completion positions (`logprobs.completion_index`, found on the host).
+
+    Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
+    the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
+    while the host built and launched the next one (the 1B paper recipe's training was host-bound at 8 sequences a
+    micro-batch: docs/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
+    micro-batches) is a zero-weight pass over the first one's first sequence: the count stays the engine's."""
+    from teacli.logprobs import completion_index
+
+    out = []
+    for idx in batches:
+        weight = 1.0 if idx else 0.0
+        idx = idx or batches[0][:1]
+        batch = (pack_shared if shared else pack)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
+        index = completion_index(batch[-1] if shared else batch[2])
+        moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, index))
+        out.append((weight, moved, seq_adv[idx].to(device)))
+    return out
+
+
+class _Timer:
+    """Seconds spent in a phase that runs in pieces: CUDA events around each piece where the work is queued on a
+    GPU (read once, at the end, without waiting in between), the host's clock elsewhere (its work is done when the
+    call returns)."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.cuda = torch.device(device).type == "cuda"
+        self.pieces: list = []
+        self.host = 0.0
+
+    def __enter__(self):
+        import torch
+
+        if self.cuda:
+            self.pieces.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self.pieces[-1][0].record()
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.pieces[-1][1].record()
+        else:
+            self.host += time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        if not self.cuda:
+            return self.host
+        if self.pieces:
+            self.pieces[-1][1].synchronize()
+        return sum(start.elapsed_time(end) for start, end in self.pieces) / 1e3
+
+
 def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device, is_level: str = "off") -> dict[str, float]:
     """Forward/backward over the step's sequences in exactly gradient_accumulation_steps() micro-batches
     (length-sorted, each padded to its own longest prompt and completion), hence exactly one optimizer update.
@@ -370,6 +431,8 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     Adds `grad_norm` (the global norm before clipping) and `optimizer_step` (the engine's update count).
     is_level (token/sequence): weight the policy-gradient terms by the truncated ratio of the
     trainer's to the sampler's log-probs (teacli.train.importance); "off": no correction.
+    Nothing in the loop over micro-batches reads a value back from the device (`packed_micro_batches`): the host
+    queues the next micro-batch while the device runs this one.
     """
     from teacli.train import backend, importance
     from teacli.train.loss import policy_loss
@@ -386,32 +449,33 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     shared = shares_prompts(recipe, engine, reference)
     seq_group = [p for p, g in enumerate(groups) for _ in g]
     batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro, seq_group if shared else None)
-    stats: dict[str, float] = {}
-    t_ref, grad_norm = 0.0, None
+    packed = packed_micro_batches(seq_prompt, seq_comp, seq_adv, batches, shared, pad_id, device)
+    stats: dict = {}
+    ref_time, grad_norm = _Timer(device), None
     engine.train()
-    for k, idx in enumerate(batches):
-        # Fewer sequences than micro-batches: a zero-weight pass over the shortest one keeps the count.
-        weight = 1.0 if idx else 0.0
-        idx = idx or batches[0][:1]
-        batch = (pack_shared if shared else pack)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, device)
-        cmask = batch[-1] if shared else batch[2]
-        t0 = time.perf_counter()
-        ref = _ref_logprobs(reference, engine, batch, shared) if reference is not None else None
-        t_ref += time.perf_counter() - t0
+    for k, ((weight, batch, adv), idx) in enumerate(zip(packed, batches)):
+        cmask = batch[-2] if shared else batch[2]
+        ref = None
+        if reference is not None:
+            with ref_time:
+                ref = _ref_logprobs(reference, engine, batch, shared)
         logp = _logprobs(engine, batch, shared)
         weights = None
         if is_level != "off":
+            idx = idx or batches[0][:1]
             rollout_logp = importance.pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1], device)
             weights, lr = importance.is_weights(logp, rollout_logp, cmask, is_level, recipe.rollout.is_cap)
             log_ratios.append(lr)
         # DeepSpeed divides by gradient_accumulation_steps; scale so the step averages over `total`.
-        loss, s = policy_loss(logp, cmask, seq_adv[idx].to(device), ref, recipe.kl.beta, recipe.kl.estimator, total, is_weights=weights)
+        loss, s = policy_loss(logp, cmask, adv, ref, recipe.kl.beta, recipe.kl.estimator, total, is_weights=weights)
         engine.backward(loss * (weight * n_micro))
         if k == n_micro - 1:
             grad_norm = backend.pre_step_grad_norm(engine)
         engine.step()
         for key, v in s.items():
             stats[key] = stats.get(key, 0.0) + weight * v  # each term is already divided by `total`
+    stats = {key: float(v) for key, v in stats.items()}  # read back once, after the last micro-batch
+    t_ref = ref_time.seconds()
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
     stats["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")

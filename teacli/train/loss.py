@@ -75,26 +75,27 @@ def policy_loss(
     estimator: str,
     denominator: int,  # number of sequences the step averages over (P·m on this rank)
     is_weights: "Tensor | None" = None,  # [B, T] detached TIS weights (teacli.train.importance), or None
-) -> tuple["Tensor", dict[str, float]]:
+) -> tuple["Tensor", dict[str, "Tensor"]]:
     """The grouped policy-gradient loss of one micro-batch and its detached stats.
 
     With `is_weights` w, the policy-gradient term is −A_i · Σ_t w_t log π(y_i,t) (the KL term is not reweighted).
     Stats are sums over this micro-batch divided by `denominator`, so they add up over a step:
     `pg_loss`, `loss`, and with a reference `kl` (mean sequence log-ratio, KL(π ‖ π_ref)) and
-    `kl_loss` (the mean KL term of the loss, before β).
+    `kl_loss` (the mean KL term of the loss, before β). They are detached 0-d tensors on the loss's device:
+    reading one (`float`) waits for the device, so the trainer adds them up and reads them once a step.
     """
     mask_f = mask.to(logp.dtype)
     weighted = mask_f if is_weights is None else mask_f * is_weights.detach().to(logp.dtype)
     seq_logp = (logp * weighted).sum(-1)  # [B]
     pg = -(advantages.detach().to(logp.dtype) * seq_logp)
     loss_terms = pg
-    stats: dict[str, float] = {"pg_loss": float(pg.detach().sum()) / denominator}
+    stats = {"pg_loss": pg.detach().sum() / denominator}
     if ref_logp is not None and beta > 0:
         kl_term = kl_loss_term(logp, ref_logp, mask_f, estimator)
         loss_terms = loss_terms + beta * kl_term
-        stats["kl"] = float(sequence_log_ratio(logp.detach(), ref_logp, mask_f).sum()) / denominator
+        stats["kl"] = sequence_log_ratio(logp.detach(), ref_logp, mask_f).sum() / denominator
         if estimator != "k1_penalty":  # the penalty's loss value is not a KL estimate
-            stats["kl_loss"] = float(kl_term.detach().sum()) / denominator
+            stats["kl_loss"] = kl_term.detach().sum() / denominator
     loss = loss_terms.sum() / denominator
-    stats["loss"] = float(loss.detach())
+    stats["loss"] = loss.detach()
     return loss, stats

@@ -70,7 +70,7 @@ def expected_loss_gradient(pi: Policy, ref: Policy, variant: str, estimator: str
             loss = 0.5 * (((logp - ref_logp) * mask) ** 2).sum()
         else:
             loss, stats = policy_loss(logp, mask, torch.zeros(1), ref_logp, beta=1.0, estimator=estimator, denominator=1)
-            kl_value += float(prob) * stats["kl"]
+            kl_value += float(prob) * float(stats["kl"])
         total = total + prob * loss
     return torch.autograd.grad(total, pi.params()), kl_value
 
@@ -151,7 +151,7 @@ def test_k1_penalty_is_the_advantage_minus_beta_times_the_log_ratio():
     plain, _ = policy_loss(logp, mask, adv - beta * d, None, beta=0.0, estimator="k1_penalty", denominator=1)
     torch.testing.assert_close(flat(torch.autograd.grad(loss, pi.params(), retain_graph=True)),
                                flat(torch.autograd.grad(plain, pi.params())))
-    assert stats["kl"] == pytest.approx(d) and "kl_loss" not in stats
+    assert float(stats["kl"]) == pytest.approx(d) and "kl_loss" not in stats
 
 
 @pytest.mark.parametrize("value, says", [

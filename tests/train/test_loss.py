@@ -36,7 +36,7 @@ def test_policy_gradient_is_advantage_weighted_sequence_score():
     assert loss.item() == pytest.approx(expected_loss)
     loss.backward()
     torch.testing.assert_close(theta.grad, -(adv[:, None] * mask) / 4)
-    assert stats["loss"] == pytest.approx(expected_loss) and "kl" not in stats
+    assert float(stats["loss"]) == pytest.approx(expected_loss) and "kl" not in stats
 
 
 def test_kl_term_adds_beta_times_sequence_k2_and_records_the_log_ratio():
@@ -44,8 +44,19 @@ def test_kl_term_adds_beta_times_sequence_k2_and_records_the_log_ratio():
     ref = torch.tensor([[-1.0, -2.0]])
     mask = torch.tensor([[1, 1]])
     loss, stats = policy_loss(logp, mask, torch.zeros(1), ref, beta=0.5, estimator="k2", denominator=1)
-    assert stats["kl"] == pytest.approx(1.0)  # the sequence log-ratio: 0 + 1
-    assert stats["kl_loss"] == pytest.approx(0.5)  # ½ · 1²
+    assert float(stats["kl"]) == pytest.approx(1.0)  # the sequence log-ratio: 0 + 1
+    assert float(stats["kl_loss"]) == pytest.approx(0.5)  # ½ · 1²
     assert loss.item() == pytest.approx(0.25)  # β · ½ · 1²
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[0.5, 0.5]]))  # β · d · ∂(Σ_t log π_t)
+
+
+def test_stats_stay_on_the_device_until_the_step_reads_them():
+    """Reading a statistic back waits for the device: policy_loss returns them as detached 0-d tensors, which
+    train_step adds up over its micro-batches and reads once."""
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    _, stats = policy_loss(logp, torch.ones(1, 2), torch.tensor([1.0]), logp.detach() - 1.0, beta=0.5, estimator="k2", denominator=1)
+    assert set(stats) == {"pg_loss", "kl", "kl_loss", "loss"}
+    for value in stats.values():
+        assert isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad
+    assert float(stats["pg_loss"]) == pytest.approx(3.0) and float(stats["kl"]) == pytest.approx(2.0)  # -(1 * -3); 2 tokens x 1
