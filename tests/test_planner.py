@@ -172,7 +172,9 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     for phase in ("reference", "train"):
         assert mb32[phase]["floor_s"] / mb32[phase]["s"] == pytest.approx(cal[phase], rel=0.01), phase
     # training's least time a micro-batch: the same recipe at micro-batches of 8, 64 of them, host-bound
-    mb8 = phases.measure(micro / "l1b_ck_true", 1, "h200", 1)["phases"]
+    mb8_run = phases.measure(micro / "l1b_ck_true", 1, "h200", 1)
+    mb8 = mb8_run["phases"]
+    assert mb8_run["micro_batches"] == 512 // 8 == 64
     assert mb8["train"]["s"] / 64 == pytest.approx(cal["train_micro_s"], rel=0.01)
     assert mb8["train"]["s"] > 1.5 * mb8["train"]["floor_s"] / cal["train"]
     # ZeRO's cost a micro-batch on top of the larger of the compute and the host's: the 1B on 2 GPUs (ZeRO-2, 32
