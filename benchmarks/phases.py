@@ -13,7 +13,8 @@ validates its share of the prompts; a multi-GPU run recorded before validation w
 have no `sequences_by_rank`: every GPU validated every prompt) is compared with the prediction for that (every
 GPU of the run validating all the prompts), and its row says so.
 
-`--calibrate` prints the efficiencies (floor / time) of the runs together, what teacli.planner.CALIBRATION holds.
+`--calibrate` prints the efficiencies (floor / time) of the runs together, what teacli.planner.CALIBRATION holds,
+and the training phase's time a micro-batch (`train_micro_s` where the host bounds it).
 Targets (docs/reproducing.md): reward scoring and reference >= 55% MFU, backward + step >= 45% MFU, generation
 within 3x its memory floor, the step within 2x the sum of its floors.
 """
@@ -69,6 +70,7 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
         phases[name] = {"s": t, "floor_s": floors[name], "tokens_per_s": count / t if count and t else None}
     out = {"run": run.name, "recipe": recipe.name, "gpus": world, "engine": engine, "card": card.name, "steps": len(rows),
            "steps_timed": len(steady), "step_s": med("time_step"), "phases": phases,
+           "micro_batches": -(-seqs // recipe.optim.micro_batch_size),  # a GPU's, a step
            "peak_gib": max(float(r.get("gpu_peak_gib", 0.0)) for r in steady)}
     if engine == "vllm":  # torch counts vLLM's pool as allocated while it sleeps: the trainer's own peak is the rest
         out["trainer_peak_gib"] = out["peak_gib"] - med("vllm_sleep_freed_gib")
@@ -155,7 +157,8 @@ def main() -> None:
         for m in results:
             cells = ", ".join(f"{k}_{m['engine'] if k == 'generate' else ''}".rstrip("_") + f" {ph['floor_s'] / ph['s']:.3f}"
                               for k, ph in m["phases"].items() if ph["s"] and ph["floor_s"])
-            print(f"  {m['run']}: {cells}")
+            print(f"  {m['run']}: {cells}; train s a micro-batch {m['phases']['train']['s'] / m['micro_batches']:.3f} "
+                  f"({m['micro_batches']} of them)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 

