@@ -330,8 +330,10 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
         longest = max(seqs, math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0)  # a step's or a validation's share
         kv = _vllm_kv_bytes(recipe, pol, card, held, longest)
         gen = 2 * pol.params + kv + VLLM_OVERHEAD_GIB * _GiB
-    else:
-        gen = seqs * ctx * pol.kv_bytes_per_token()  # the static cache of a step's sequences in one batch
+    else:  # the static cache of one generate call: the hf engine takes at most rollout.batch_size sequences a call
+        v = recipe.validation
+        longest = max(seqs, math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0)
+        gen = min(longest, recipe.rollout.batch_size) * ctx * pol.kv_bytes_per_token()
     if b.zero_stage == 3 and gpus > 1 and engine == "hf":  # hf generates with the trainer's module: its shards gathered whole (bf16)
         gen += 2 * pol.params
     return {"states": states / _GiB, "reward_model": reward / _GiB, "generation": gen / _GiB,

@@ -120,9 +120,29 @@ def test_what_does_not_fit_says_so_and_more_gpus_make_it_fit():
     assert one.memory_gib["states"] == pytest.approx(18 * _shape("Qwen--Qwen3-4B-Instruct-2507").params / 2**30, rel=0.01)
     assert "does not fit" in planner.format_estimate(one) and "DOES NOT FIT" in planner.format_estimate(one)
     hf = planner.estimate(r, gpus=2, card="h100", engine="hf")
-    shape, seqs = _shape("Qwen--Qwen3-4B-Instruct-2507"), 4 // 2 * 64  # a GPU's 2 prompts x m = 64
+    shape = _shape("Qwen--Qwen3-4B-Instruct-2507")
+    seqs = min(r.rollout.batch_size, r.validation.prompts // 2 * r.validation.samples)  # a GPU's validation share, in calls of 512
+    assert seqs == 512 > 4 // 2 * 64  # more than a step's 2 prompts x m = 64
     kv = seqs * (r.rehearsal.prompt_tokens + r.rollout.max_new_tokens) * shape.kv_bytes_per_token()  # hf's static cache, bf16
     assert hf.memory_gib["generation"] == pytest.approx((kv + 2 * shape.params) / 2**30, rel=1e-9)  # + the gathered weights
+
+
+def test_the_hf_engine_holds_one_generate_call_of_kv_cache():
+    """The hf engine generates rollout.batch_size sequences a call (steps and validations alike), so its static cache
+    holds that many, not a step's: m = 128 gives a GPU 8 x 128 = 1,024 sequences a step, generated in two calls of 512."""
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("uf_llama1b_chow_2x"), runnable=False)
+    assert r.rollout.prompts_per_step * r.rollout.group_size == 1024 and r.rollout.batch_size == 512
+    shape = _shape("meta-llama--Llama-3.2-1B-Instruct")
+    per_seq = (r.rehearsal.prompt_tokens + r.rollout.max_new_tokens) * shape.kv_bytes_per_token()  # bf16 K and V, every layer
+    one = planner.estimate(r, gpus=1, card="h100", engine="hf")
+    assert one.memory_gib["generation"] == pytest.approx(512 * per_seq / 2**30, rel=1e-9)
+    r.rollout.batch_size = 256
+    assert planner.estimate(r, gpus=1, card="h100", engine="hf").memory_gib["generation"] == pytest.approx(256 * per_seq / 2**30, rel=1e-9)
+    r.rollout.batch_size = 4096  # larger than any call: the validation's 128 prompts x 32 samples on one GPU are the most
+    assert planner.estimate(r, gpus=1, card="h100", engine="hf").memory_gib["generation"] == pytest.approx(
+        r.validation.prompts * r.validation.samples * per_seq / 2**30, rel=1e-9)
 
 
 def test_auto_engine_rule():
