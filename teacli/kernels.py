@@ -53,20 +53,21 @@ KERNELS = ("auto", "eager", "liger", "compile")
 _LIGER_OFF = {"cross_entropy": False, "fused_linear_cross_entropy": False}
 
 
-def resolve_kernels(setting: str, model: Any, device: "torch.device | str") -> str:
-    """policy.kernels resolved for `model` (a transformers PreTrainedModel) on `device`: eager, liger or compile.
+def resolve_kernels(setting: str, model: Any, device: "torch.device | str", key: str = "policy.kernels") -> str:
+    """`key` (policy.kernels, reward.kernels) resolved for `model` (a transformers PreTrainedModel) on `device`:
+    eager, liger or compile.
 
     `liger` asked for where it cannot run, or `compile` on a model without decoder layers, is a
-    ValueError naming policy.kernels and why; `auto` falls back to eager.
+    ValueError naming `key` and why; `auto` falls back to eager.
     """
     if setting not in KERNELS:
-        raise ValueError(f"policy.kernels: {setting!r} is not one of {', '.join(KERNELS)}")
+        raise ValueError(f"{key}: {setting!r} is not one of {', '.join(KERNELS)}")
     if setting == "auto":
         return "liger" if liger_problem(model, device) is None else "eager"
     if setting == "liger":
-        require_liger(model, device)
+        require_liger(model, device, key)
     if setting == "compile" and not decoder_layers(model):
-        raise ValueError(f"policy.kernels: compile found no decoder layers in {type(model).__name__}; use eager")
+        raise ValueError(f"{key}: compile found no decoder layers in {type(model).__name__}; use eager")
     return setting
 
 
@@ -88,10 +89,10 @@ def liger_problem(model: Any, device: "torch.device | str | None") -> str | None
     return None
 
 
-def require_liger(model: Any, device: "torch.device | str | None") -> None:
-    """A ValueError naming policy.kernels when liger cannot be applied (`liger_problem`)."""
+def require_liger(model: Any, device: "torch.device | str | None", key: str = "policy.kernels") -> None:
+    """A ValueError naming `key` when liger cannot be applied (`liger_problem`)."""
     if (why := liger_problem(model, device)) is not None:
-        raise ValueError(f"policy.kernels: liger {why}; use eager, compile or auto")
+        raise ValueError(f"{key}: liger {why}; use eager, compile or auto")
 
 
 def apply_kernels(model: Any, kind: str, *, generates: bool) -> Any:

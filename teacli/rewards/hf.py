@@ -81,6 +81,7 @@ class HFRewardModel:
         batch_size: int = 16,
         max_length: int = 4096,
         trust_remote_code: bool = False,
+        kernels: str = "eager",
     ) -> "HFRewardModel":
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -98,7 +99,11 @@ class HFRewardModel:
                 model = AutoModelForSequenceClassification.from_pretrained(
                     path, num_labels=1, dtype=resolve_dtype(dtype, device), **kwargs
                 )
-        return cls(model.to(device), tokenizer, batch_size=batch_size, max_length=max_length, name=name_or_path)
+        from teacli.kernels import apply_kernels, resolve_kernels
+
+        model = model.to(device)
+        apply_kernels(model, resolve_kernels(kernels, model, device, "reward.kernels"), generates=False)
+        return cls(model, tokenizer, batch_size=batch_size, max_length=max_length, name=name_or_path)
 
     @classmethod
     def from_config(cls, cfg: "RewardConfig", device: "str | torch.device | None" = None) -> "HFRewardModel":
@@ -112,6 +117,7 @@ class HFRewardModel:
             device=device if cfg.device == "auto" else cfg.device,
             batch_size=cfg.batch_size,
             max_length=cfg.max_length,
+            kernels=cfg.kernels,
         )
 
     # -- scoring ----------------------------------------------------------------------------------

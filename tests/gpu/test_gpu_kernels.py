@@ -198,3 +198,45 @@ def test_liger_train_step_matches_eager_with_zero3_and_lora(assets, tmp_path, ze
     assert rows["liger"]["reward_mean"] == rows["eager"]["reward_mean"]
     assert rows["liger"]["gen_len_mean"] == rows["eager"]["gen_len_mean"]
     assert rows["liger"]["grad_norm"] == pytest.approx(rows["eager"]["grad_norm"], rel=0.05)
+
+
+def test_reward_model_kernels_match_eager_in_bf16(cuda, restore_llama_module):
+    """reward.kernels: a Llama-3.2-1B-shaped sequence classifier's scores in bf16 with liger's kernels (and with compiled
+    layers) are as close to the fp32 eager scores as the eager bf16 scores are, within a factor of 2 (the module
+    docstring's rule), on a left-padded batch of other lengths."""
+    import importlib.util
+
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from teacli.kernels import apply_kernels, resolve_kernels
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, LLAMA_1B["vocab_size"], (8, 384), generator=g).to(cuda)
+    mask = torch.ones_like(ids)
+    for row, pad in enumerate((0, 5, 40, 100, 0, 17, 200, 3)):
+        mask[row, :pad] = 0  # left padding, as HFRewardModel batches
+
+    def scores(dtype, kind="eager", attention="sdpa"):
+        torch.manual_seed(0)
+        config = LlamaConfig(**LLAMA_1B, num_labels=1, pad_token_id=0)
+        config._attn_implementation = attention
+        model = LlamaForSequenceClassification(config).to(cuda, dtype).eval()
+        assert resolve_kernels(kind, model, cuda, "reward.kernels") == kind
+        apply_kernels(model, kind, generates=False)
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+        del model
+        torch.cuda.empty_cache()
+        return out
+
+    truth = scores(torch.float32, attention="eager")
+    errors = {"eager": _rel(scores(torch.bfloat16), truth)}
+    kinds = ["compile"] + (["liger"] if importlib.util.find_spec("liger_kernel") else [])
+    for kind in kinds:  # liger last: it patches the llama module
+        errors[kind] = _rel(scores(torch.bfloat16, kind), truth)
+    print(f"reward scores, relative error against fp32: {errors}")
+    for kind in kinds:
+        assert errors[kind] <= 2 * errors["eager"] + 1e-4, errors
+    if "liger" not in kinds:
+        pytest.skip(f"liger-kernel is not installed: compiled layers checked ({errors})")
