@@ -291,6 +291,10 @@ def test_bad_input_is_a_clear_error_and_keeps_the_run(assets, two_steps, tmp_pat
     proc = tea_train(nan, tmp_path / "run_nan", tmp_path, check=False)
     assert proc.returncode == 2 and "reward.function" in proc.stderr
 
+    fused = recipe(assets, other, reward={"kind": "hf", "name_or_path": str(assets / "rm"), "dtype": "float32", "kernels": "liger"})
+    proc = tea_train(fused, tmp_path / "run_fused", tmp_path, check=False)  # liger's kernels are CUDA only
+    assert proc.returncode == 2 and "reward.kernels: liger needs a CUDA device" in proc.stderr and "Traceback" not in proc.stderr
+
 
 def test_lora_trains_adapters_and_saves_merged_weights(assets, tmp_path):
     run = tmp_path / "lora"
