@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"config", "logprobs"},  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
     "lora": {"config"},
     "standins": {"config", "models"},  # a rehearsal's stand-ins: model configs, tokenizer and prompts; model sizes
-    "rewards": {"config", "types", "models"},
+    "rewards": {"config", "types", "models", "kernels"},  # kernels: reward.kernels, as policy.kernels
     "rollout": {"config", "types", "models", "logprobs", "kernels", "lora", "standins"},  # standins: the policy's size for engine auto  # kernels: the hf engine keeps liger out of generation
     "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics", "standins"},
     "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir", "standins"},
