@@ -65,7 +65,8 @@ def pack_rollout_logprobs(logprobs: Sequence[Sequence[float] | None], width: int
     return out.to(device) if device is not None else out
 
 
-def is_weights(logp: "Tensor", rollout_logp: "Tensor", mask: "Tensor", level: str, cap: float) -> tuple["Tensor", "Tensor"]:
+def is_weights(logp: "Tensor", rollout_logp: "Tensor", mask: "Tensor", level: str, cap: float,
+               index: "Tensor | None" = None) -> tuple["Tensor", "Tensor"]:
     """The detached TIS weights [B, T] and the log-ratios they come from.
 
     logp: [B, T] the trainer's token log-probs (any grad is ignored); rollout_logp: [B, T] the
@@ -73,6 +74,8 @@ def is_weights(logp: "Tensor", rollout_logp: "Tensor", mask: "Tensor", level: st
     weights[b, t] = min(exp(logp − rollout_logp), cap) and log_ratios are the masked tokens' [N];
     for `sequence` every token of sequence b gets min(exp(Σ_t mask·(logp − rollout_logp)), cap) and
     log_ratios are the sequences' [B]. Weights off the mask are 1 (the loss masks them anyway).
+    `index`: the mask's flat positions (`teacli.logprobs.completion_index`), found on the host: picking the
+    masked tokens by it does not wait for the device.
     """
     import math
 
@@ -85,7 +88,7 @@ def is_weights(logp: "Tensor", rollout_logp: "Tensor", mask: "Tensor", level: st
     log_cap = math.log(cap)
     if level == "token":
         weights = log_ratio.clamp(max=log_cap).exp().masked_fill(~m, 1.0)
-        return weights, log_ratio[m]
+        return weights, (log_ratio[m] if index is None else log_ratio.reshape(-1).index_select(0, index))
     seq = log_ratio.sum(-1)  # [B]
     weights = seq.clamp(max=log_cap).exp()[:, None].expand_as(log_ratio).contiguous()
     return weights, seq

@@ -366,9 +366,10 @@ def _ref_logprobs(reference, engine, batch: tuple, shared: bool):
 
 
 def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tensor", batches: list[list[int]], shared: bool,
-                         pad_id: int, device) -> list[tuple[float, tuple, "torch.Tensor"]]:
-    """(weight, batch, advantages) of every micro-batch, on `device`: the batch as `pack_shared` (shared) or `pack`
-    builds it, plus its completion positions (`logprobs.completion_index`, found on the host).
+                         pad_id: int, device, seq_rollout_logp: list | None = None) -> list[tuple]:
+    """(weight, batch, advantages, sampler log-probs) of every micro-batch, on `device`: the batch as `pack_shared`
+    (shared) or `pack` builds it, plus its completion positions (`logprobs.completion_index`, found on the host); the
+    sampler's log-probs (`importance.pack_rollout_logprobs`) where `seq_rollout_logp` is given, else None.
 
     Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
     the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
@@ -376,15 +377,19 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     micro-batch: docs/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
     micro-batches) is a zero-weight pass over the first one's first sequence: the count stays the engine's."""
     from teacli.logprobs import completion_index
+    from teacli.train.importance import pack_rollout_logprobs
 
     out = []
     for idx in batches:
         weight = 1.0 if idx else 0.0
         idx = idx or batches[0][:1]
         batch = (pack_shared if shared else pack)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
-        index = completion_index(batch[-1] if shared else batch[2])
-        moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, index))
-        out.append((weight, moved, seq_adv[idx].to(device)))
+        cmask = batch[-1] if shared else batch[2]
+        moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, completion_index(cmask)))
+        rollout = None
+        if seq_rollout_logp is not None:
+            rollout = pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1]).to(device)
+        out.append((weight, moved, seq_adv[idx].to(device), rollout))
     return out
 
 
@@ -449,11 +454,12 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     shared = shares_prompts(recipe, engine, reference)
     seq_group = [p for p, g in enumerate(groups) for _ in g]
     batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro, seq_group if shared else None)
-    packed = packed_micro_batches(seq_prompt, seq_comp, seq_adv, batches, shared, pad_id, device)
+    packed = packed_micro_batches(seq_prompt, seq_comp, seq_adv, batches, shared, pad_id, device,
+                                  seq_rollout_logp if is_level != "off" else None)
     stats: dict = {}
     ref_time, grad_norm = _Timer(device), None
     engine.train()
-    for k, ((weight, batch, adv), idx) in enumerate(zip(packed, batches)):
+    for k, (weight, batch, adv, rollout_logp) in enumerate(packed):
         cmask = batch[-2] if shared else batch[2]
         ref = None
         if reference is not None:
@@ -461,10 +467,8 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
                 ref = _ref_logprobs(reference, engine, batch, shared)
         logp = _logprobs(engine, batch, shared)
         weights = None
-        if is_level != "off":
-            idx = idx or batches[0][:1]
-            rollout_logp = importance.pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1], device)
-            weights, lr = importance.is_weights(logp, rollout_logp, cmask, is_level, recipe.rollout.is_cap)
+        if rollout_logp is not None:
+            weights, lr = importance.is_weights(logp, rollout_logp, cmask, is_level, recipe.rollout.is_cap, index=batch[-1])
             log_ratios.append(lr)
         # DeepSpeed divides by gradient_accumulation_steps; scale so the step averages over `total`.
         loss, s = policy_loss(logp, cmask, adv, ref, recipe.kl.beta, recipe.kl.estimator, total, is_weights=weights)

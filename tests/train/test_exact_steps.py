@@ -141,9 +141,9 @@ def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, shar
 
 
 def test_every_micro_batch_reaches_the_device_before_the_first_forward():
-    """packed_micro_batches: each micro-batch as pack / pack_shared builds it, its completion positions and its
-    advantages, all on the device (the meta device stands in for a GPU here); an empty micro-batch is a
-    zero-weight pass over the first one's first sequence."""
+    """packed_micro_batches: each micro-batch as pack / pack_shared builds it, its completion positions, its
+    advantages and the sampler's log-probs (where the importance correction reads them), all on the device (the meta
+    device stands in for a GPU here); an empty micro-batch is a zero-weight pass over the first one's first sequence."""
     import torch
 
     from teacli.train.loop import pack, pack_shared, packed_micro_batches
@@ -153,16 +153,19 @@ def test_every_micro_batch_reaches_the_device_before_the_first_forward():
     seq_comp = [c.token_ids for g in groups for c in g]
     adv = torch.arange(6, dtype=torch.float32)
     batches = [[0, 1, 2], [3, 4, 5], []]
+    sampler = [[-0.5] * len(c) for c in seq_comp]
     for shared, packer in ((False, pack), (True, pack_shared)):
-        out = packed_micro_batches(seq_prompt, seq_comp, adv, batches, shared, 0, torch.device("meta"))
-        assert [w for w, _, _ in out] == [1.0, 1.0, 0.0]
-        for (_, batch, a), idx in zip(out, [[0, 1, 2], [3, 4, 5], [0]]):
+        out = packed_micro_batches(seq_prompt, seq_comp, adv, batches, shared, 0, torch.device("meta"), sampler)
+        assert [w for w, *_ in out] == [1.0, 1.0, 0.0]
+        assert all(r is None for *_, r in packed_micro_batches(seq_prompt, seq_comp, adv, batches, shared, 0, torch.device("meta")))
+        for (_, batch, a, rollout), idx in zip(out, [[0, 1, 2], [3, 4, 5], [0]]):
             want = packer([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], 0, "cpu")
             tensors = [t for t in batch if isinstance(t, torch.Tensor)]
             assert all(t.device.type == "meta" for t in tensors) and a.device.type == "meta" and a.shape == (len(idx),)
             assert [tuple(t.shape) for t in tensors[:-1]] == [tuple(t.shape) for t in want if isinstance(t, torch.Tensor)]
             mask = want[-1] if shared else want[2]
             assert tensors[-1].shape == (int(mask.sum()),)  # the completion positions: one a completion token
+            assert rollout.device.type == "meta" and rollout.shape == mask.shape  # the sampler's, aligned with the mask
             if not shared:
                 assert batch[3] == want[3]  # the prompt width stays a number
 

@@ -104,3 +104,15 @@ def test_recipe_refuses_a_correction_the_hf_engine_cannot_make(tmp_path):
     path.write_text("policy: {name_or_path: x}\ndata: {dir: builtin}\nrollout: {engine: vllm, is_correction: sequence, is_cap: 5}\n")
     r = load_recipe(path).rollout
     assert (r.is_correction, r.is_cap, r.dynamic_sampling, r.max_resample_rounds) == ("sequence", 5.0, False, 10)
+
+
+def test_masked_tokens_picked_by_host_positions_are_the_same():
+    """is_weights(index=): the token log-ratios picked by the mask's flat positions (found on the host, so the device
+    is not waited for) are the ones the boolean mask picks, in the same order."""
+    from teacli.logprobs import completion_index
+
+    for level in ("token", "sequence"):
+        w, lr = is_weights(TRAIN, ROLLOUT, MASK, level, cap=2.0)
+        w2, lr2 = is_weights(TRAIN, ROLLOUT, MASK, level, cap=2.0, index=completion_index(MASK))
+        assert torch.equal(w, w2) and torch.equal(lr, lr2)
+    assert lr2.shape == (2,) and is_weights(TRAIN, ROLLOUT, MASK, "token", cap=2.0)[1].shape == (int(MASK.sum()),)
