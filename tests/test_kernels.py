@@ -143,7 +143,7 @@ def test_liger_patch_stays_out_of_generation(monkeypatch):
     eager rotary there left a KL of -0.002 a sequence before the first update)."""
     import torch
     import transformers.models.llama.modeling_llama as llama
-    from tiny_lm import make_causal_lm, make_tokenizer
+    from tiny_lm import liger_stand_in, make_causal_lm, make_tokenizer
 
     from teacli import kernels
     from teacli.models import encode_chat
@@ -152,22 +152,7 @@ def test_liger_patch_stays_out_of_generation(monkeypatch):
 
     calls = {"norm": 0, "mlp": 0, "rotary": 0}
     eager_rotary = llama.apply_rotary_pos_emb
-
-    def counted(kind, fn):
-        def call(*args, **kwargs):
-            calls[kind] += 1
-            return fn(*args, **kwargs)
-        return call
-
-    def fake_liger(model=None, **kwargs):
-        llama.apply_rotary_pos_emb = counted("rotary", eager_rotary)
-        for module in model.modules():
-            if isinstance(module, llama.LlamaRMSNorm):
-                module.forward = counted("norm", llama.LlamaRMSNorm.forward.__get__(module))
-            elif isinstance(module, llama.LlamaMLP):
-                module.forward = counted("mlp", llama.LlamaMLP.forward.__get__(module))
-
-    monkeypatch.setattr(kernels, "_liger_table", lambda: {"llama": fake_liger})
+    monkeypatch.setattr(kernels, "_liger_table", lambda: {"llama": liger_stand_in(calls, eager_rotary)})
     monkeypatch.setattr(llama, "apply_rotary_pos_emb", eager_rotary)  # restored after the test
     monkeypatch.setattr(kernels, "_EAGER_GLOBALS", {})
     monkeypatch.setattr(kernels, "_GENERATING_ARCHS", set())

@@ -82,6 +82,30 @@ def make_reward_model(tokenizer, seed: int = 0):
     return LlamaForSequenceClassification(llama_config(tokenizer, num_labels=1)).eval()
 
 
+def liger_stand_in(calls: dict[str, int], rotary: Any = None):
+    """What liger-kernel's per-architecture patch does, on CPU (its kernels are Triton, CUDA only): new forwards bound
+    on a Llama's RMSNorm and MLP instances and, given the eager `rotary`, the architecture module's rotary function
+    swapped; each counts its calls in `calls` ("norm", "mlp", "rotary"). Use it as liger's table entry for "llama"."""
+    import transformers.models.llama.modeling_llama as llama
+
+    def counted(kind, fn):
+        def call(*args, **kwargs):
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    def patch(model=None, **kwargs):
+        if rotary is not None:
+            llama.apply_rotary_pos_emb = counted("rotary", rotary)
+        for module in model.modules():
+            if isinstance(module, llama.LlamaRMSNorm):
+                module.forward = counted("norm", llama.LlamaRMSNorm.forward.__get__(module))
+            elif isinstance(module, llama.LlamaMLP):
+                module.forward = counted("mlp", llama.LlamaMLP.forward.__get__(module))
+
+    return patch
+
+
 def save(model, tokenizer, path: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

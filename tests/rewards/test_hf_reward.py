@@ -128,28 +128,15 @@ def test_reward_kernels_apply_to_the_reward_model(rm_dir, rm, monkeypatch):
     """reward.kernels: liger patches the reward model as it patches the policy (here a stand-in of liger's patch,
     its kernels being CUDA only, that counts its RMSNorm and MLP calls) and scores what the eager model scores; on a
     machine where liger cannot run, asking for it is one line naming reward.kernels."""
-    import transformers.models.llama.modeling_llama as llama
+    from tiny_lm import liger_stand_in
 
     from teacli import kernels
 
     calls = {"norm": 0, "mlp": 0}
 
-    def counted(kind, fn):
-        def call(*args, **kwargs):
-            calls[kind] += 1
-            return fn(*args, **kwargs)
-        return call
-
-    def fake_liger(model=None, **kwargs):
-        for module in model.modules():
-            if isinstance(module, llama.LlamaRMSNorm):
-                module.forward = counted("norm", llama.LlamaRMSNorm.forward.__get__(module))
-            elif isinstance(module, llama.LlamaMLP):
-                module.forward = counted("mlp", llama.LlamaMLP.forward.__get__(module))
-
     with pytest.raises(ValueError, match=r"^reward.kernels: liger needs a CUDA device"):
         build_reward(RewardConfig(kind="hf", name_or_path=str(rm_dir), dtype="float32", device="cpu", kernels="liger"))
-    monkeypatch.setattr(kernels, "_liger_table", lambda: {"llama": fake_liger})
+    monkeypatch.setattr(kernels, "_liger_table", lambda: {"llama": liger_stand_in(calls)})
     monkeypatch.setattr(kernels, "liger_problem", lambda model, device: None)
     fused = build_reward(RewardConfig(kind="hf", name_or_path=str(rm_dir), dtype="float32", device="cpu", kernels="liger", batch_size=4))
     prompts, responses = batch()
