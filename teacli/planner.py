@@ -325,14 +325,12 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
     mb = recipe.optim.micro_batch_size
     train_act = activation_bytes(mb * ctx, pol.layers, pol.hidden, pol.intermediate, layers_ckpt)
     kv = 0.0
+    v = recipe.validation
+    longest = max(seqs, math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0)  # a step's or a validation's share
     if engine == "vllm":  # the engine's own plan (teacli/rollout/vllm_engine.py), beside what the trainer holds
-        v = recipe.validation
-        longest = max(seqs, math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0)  # a step's or a validation's share
         kv = _vllm_kv_bytes(recipe, pol, card, held, longest)
         gen = 2 * pol.params + kv + VLLM_OVERHEAD_GIB * _GiB
     else:  # the static cache of one generate call: the hf engine takes at most rollout.batch_size sequences a call
-        v = recipe.validation
-        longest = max(seqs, math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0)
         gen = min(longest, recipe.rollout.batch_size) * ctx * pol.kv_bytes_per_token()
     if b.zero_stage == 3 and gpus > 1 and engine == "hf":  # hf generates with the trainer's module: its shards gathered whole (bf16)
         gen += 2 * pol.params

@@ -74,12 +74,14 @@ def is_weights(logp: "Tensor", rollout_logp: "Tensor", mask: "Tensor", level: st
     weights[b, t] = min(exp(logp − rollout_logp), cap) and log_ratios are the masked tokens' [N];
     for `sequence` every token of sequence b gets min(exp(Σ_t mask·(logp − rollout_logp)), cap) and
     log_ratios are the sequences' [B]. Weights off the mask are 1 (the loss masks them anyway).
-    `index`: the mask's flat positions (`teacli.logprobs.completion_index`), found on the host: picking the
-    masked tokens by it does not wait for the device.
+    `index`: the mask's flat positions (`teacli.logprobs.completion_index`), where the caller found them on the
+    host: picking the masked tokens by them does not wait for the device (without it they are found here).
     """
     import math
 
     import torch
+
+    from teacli.logprobs import completion_index
 
     if level not in ("token", "sequence"):
         raise ValueError(f"is_weights: level must be token or sequence, got {level!r}")
@@ -88,7 +90,9 @@ def is_weights(logp: "Tensor", rollout_logp: "Tensor", mask: "Tensor", level: st
     log_cap = math.log(cap)
     if level == "token":
         weights = log_ratio.clamp(max=log_cap).exp().masked_fill(~m, 1.0)
-        return weights, (log_ratio[m] if index is None else log_ratio.reshape(-1).index_select(0, index))
+        if index is None:
+            index = completion_index(mask)
+        return weights, log_ratio.reshape(-1).index_select(0, index)
     seq = log_ratio.sum(-1)  # [B]
     weights = seq.clamp(max=log_cap).exp()[:, None].expand_as(log_ratio).contiguous()
     return weights, seq

@@ -388,7 +388,7 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
         moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, completion_index(cmask)))
         rollout = None
         if seq_rollout_logp is not None:
-            rollout = pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1]).to(device)
+            rollout = pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1], device)
         out.append((weight, moved, seq_adv[idx].to(device), rollout))
     return out
 

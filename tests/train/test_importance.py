@@ -116,3 +116,5 @@ def test_masked_tokens_picked_by_host_positions_are_the_same():
         w2, lr2 = is_weights(TRAIN, ROLLOUT, MASK, level, cap=2.0, index=completion_index(MASK))
         assert torch.equal(w, w2) and torch.equal(lr, lr2)
     assert lr2.shape == (2,) and is_weights(TRAIN, ROLLOUT, MASK, "token", cap=2.0)[1].shape == (int(MASK.sum()),)
+    picked = is_weights(TRAIN, ROLLOUT, MASK, "token", cap=2.0, index=completion_index(MASK))[1]
+    assert torch.equal(picked, (TRAIN - ROLLOUT).float()[MASK.bool()])  # the boolean mask's tokens, in its order
