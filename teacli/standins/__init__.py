@@ -64,13 +64,19 @@ def known_models() -> dict[str, Path]:
 
 def _known_key(name: str) -> str:
     """The key of `name` in `known_models()`: a `pypi:` source without its version pin, its package name normalized
-    as PyPI normalizes it (lower case, runs of -, _ and . as one -)."""
+    as PyPI normalizes it (packaging's `canonicalize_name`: lower case, runs of -, _ and . as one -). A `pypi:` source
+    that is not a requirement is returned as it is (no shape is known for it)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
     from teacli.models import PYPI_PREFIX
 
     if not name.startswith(PYPI_PREFIX):
         return name
-    package = name[len(PYPI_PREFIX):].split("==")[0].strip()
-    return PYPI_PREFIX + re.sub(r"[-_.]+", "-", package).lower()
+    try:
+        return PYPI_PREFIX + canonicalize_name(Requirement(name[len(PYPI_PREFIX):]).name)
+    except InvalidRequirement:
+        return name
 
 
 def _config_for(name: str, key: str) -> dict[str, Any]:
