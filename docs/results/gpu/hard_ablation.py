@@ -7,6 +7,9 @@ another's; the prompts are resampled once for all arms, since every run is evalu
 
     python docs/results/gpu/collect.py --restore runs
     python docs/results/gpu/hard_ablation.py runs [--n 128] [--ms 16 32 64] [--bootstrap 1000] [--seed 0]
+
+Every m, m = 64 included, is read over the ablation's own seeds (`seeds` in recipes/studies/gpu_bon_hard_m.yaml, as
+its plan says), not over every seed the main study has: the arms are compared at the same seeds.
 """
 
 from __future__ import annotations
@@ -16,19 +19,26 @@ import re
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from teacli.diagnostics.tail_fit import read_run
 from teacli.eval.stats import grouped_bon, seed_prompt_bootstrap
 
 PREFIX = "gpu_bon_hard"
+STUDY = Path(__file__).resolve().parents[3] / "recipes" / "studies" / "gpu_bon_hard_m.yaml"
+
+
+def plan_seeds() -> list[int]:
+    """The seeds the ablation's plan reads: its study file's."""
+    return list(yaml.safe_load(STUDY.read_text())["seeds"])
 
 
 def run_name(method: str, m: int, seed: int) -> str:
     return f"{PREFIX}_{method}{'' if m == 64 else f'_m{m}'}-s{seed}"
 
 
-def contrasts(runs: Path, m: int, n: int, split: str = "heldout") -> tuple[np.ndarray, list[int], list[str]]:
-    """[S, P] per-seed per-prompt TEA − GRPO at best-of-n, over the seeds both methods have at this m; their
+def contrasts(runs: Path, m: int, n: int, seeds: list[int], split: str = "heldout") -> tuple[np.ndarray, list[int], list[str]]:
+    """[S, P] per-seed per-prompt TEA − GRPO at best-of-n, over those of `seeds` both methods have at this m; those
     seeds; the prompt ids (every run's, checked to be the same)."""
     pattern = re.compile(rf"^{PREFIX}_(tea|grpo){'' if m == 64 else f'_m{m}'}-s(\d+)$")
     have: dict[str, set[int]] = {"tea": set(), "grpo": set()}
@@ -36,7 +46,7 @@ def contrasts(runs: Path, m: int, n: int, split: str = "heldout") -> tuple[np.nd
         hit = pattern.match(p.name)
         if hit:
             have[hit[1]].add(int(hit[2]))
-    seeds = sorted(have["tea"] & have["grpo"])
+    seeds = sorted(have["tea"] & have["grpo"] & set(seeds))
     if not seeds:
         raise SystemExit(f"hard_ablation.py: no seed with both {run_name('tea', m, 0)[:-3]} and {run_name('grpo', m, 0)[:-3]} runs under {runs}")
     rows, ids = [], None
@@ -51,13 +61,14 @@ def contrasts(runs: Path, m: int, n: int, split: str = "heldout") -> tuple[np.nd
     return np.array(rows), seeds, ids
 
 
-def table(runs: Path, ms: list[int], n: int, resamples: int, seed: int) -> str:
-    got = {m: contrasts(runs, m, n) for m in ms}
+def table(runs: Path, ms: list[int], n: int, resamples: int, seed: int, seeds: list[int] | None = None) -> str:
+    seeds = plan_seeds() if seeds is None else seeds
+    got = {m: contrasts(runs, m, n, seeds) for m in ms}
     lines = [f"| contrast (bo{n}) | seeds | estimate | 95% interval (seed, prompt) |", "|---|---|---:|---|"]
     for m in ms:
-        d, seeds, _ = got[m]
-        est, lo, hi = seed_prompt_bootstrap(d, None, seeds, None, resamples, seed)
-        lines.append(f"| D({m}) = TEA − GRPO at m = {m} | {', '.join(map(str, seeds))} | {est:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
+        d, have, _ = got[m]
+        est, lo, hi = seed_prompt_bootstrap(d, None, have, None, resamples, seed)
+        lines.append(f"| D({m}) = TEA − GRPO at m = {m} | {', '.join(map(str, have))} | {est:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
     if 64 in got:
         for m in (x for x in ms if x != 64):
             (a, sa, ia), (b, sb, ib) = got[m], got[64]
@@ -75,8 +86,9 @@ def main() -> None:
     ap.add_argument("--ms", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="the seeds to read (default: the study file's)")
     a = ap.parse_args()
-    print(table(a.runs, a.ms, a.n, a.bootstrap, a.seed))
+    print(table(a.runs, a.ms, a.n, a.bootstrap, a.seed, a.seeds))
 
 
 if __name__ == "__main__":
