@@ -1,6 +1,7 @@
 """The docs describe the repository as it is: README's file list names every module, folder and doc,
-and no document points at a Markdown file that is not in the repository."""
+no document points at a Markdown file that is not in the repository, and no committed record names a machine's path."""
 
+import gzip
 import re
 from pathlib import Path
 
@@ -41,3 +42,23 @@ def test_ci_runs_readme_test_command_then_the_slow_stage():
     ci = (REPO / ".ci" / "run").read_text()
     assert "\n" not in command and f"\n{command}\n" in ci
     assert "\npython -m pytest -q -m 'slow and not gpu' --durations=20\n" in ci
+
+
+MACHINE_PATH = re.compile(r"(?:^|[^\w.~-])/(?:tmp|opt|work|root|home|mnt|scratch)/")
+
+
+def test_no_committed_record_names_a_machine_path():
+    """Records brought back from GPU machines (study logs, test logs, run files) are committed with paths relative to
+    the repository: a path on the machine that wrote them (its /tmp checkout, its venv under /opt) means nothing to a
+    reader. Docs, recipes, scripts and benchmarks, gzipped records included."""
+    roots = [REPO / d for d in ("docs", "recipes", "scripts", "benchmarks")] + [REPO / "README.md", REPO / "CHANGELOG.md"]
+    files = [f for r in roots for f in ([r] if r.is_file() else r.rglob("*")) if f.is_file()]
+    hits = []
+    for f in files:
+        if f.suffix in (".png", ".pdf"):
+            continue
+        data = gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if MACHINE_PATH.search(line):
+                hits.append(f"{f.relative_to(REPO)}:{n}: {line.strip()[:120]}")
+    assert hits == []

@@ -11,8 +11,8 @@ q in [0.80, 0.99] (median, 10th percentile, share ≥ 0.95; issue: median ≥ 0.
 Records without their texts (docs/results/gpu/collect.py keeps only the rewards) give one row, the rewards as
 recorded (`τ` is then the evaluation's own, from its .run.json):
 
-    python docs/results/gpu/collect.py --restore /tmp/runs
-    python docs/results/gpu/hard_calibration.py /tmp/runs/gpu_bon_hard_grpo-base   # docs/results/gpu/hard_calibration.md
+    python docs/results/gpu/collect.py --restore runs
+    python docs/results/gpu/hard_calibration.py runs/gpu_bon_hard_grpo-base   # docs/results/gpu/hard_calibration.md
 """
 
 from __future__ import annotations
