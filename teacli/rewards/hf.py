@@ -158,10 +158,10 @@ class HFRewardModel:
     def _score_encoded(self, encoded: list[list[int]]) -> "torch.Tensor":
         """encoded[B] token ids → rewards[B] float32 on CPU, batched by length (the result does not depend on it)."""
         self.tokens_scored += sum(len(ids) for ids in encoded)
-        return score_by_length(self.model, encoded, self.batch_size, self._forward)
+        return score_by_length(self.model, encoded, self.batch_size, self._pack, self._forward)
 
-    def _forward(self, batch: list[list[int]]) -> "torch.Tensor":
-        """batch[b] token ids → scores[b] float32 (right-padded; pooled at each row's last token)."""
+    def _pack(self, batch: list[list[int]]) -> "tuple[torch.Tensor, torch.Tensor]":
+        """batch[b] token ids → (input_ids, attention_mask) [b, L] on the host, right-padded."""
         import torch
 
         width = max(len(ids) for ids in batch)
@@ -170,34 +170,54 @@ class HFRewardModel:
         for row, ids in enumerate(batch):
             input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[row, : len(ids)] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        return input_ids, mask
+
+    def _forward(self, input_ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+        """A right-padded batch on the device → scores [b] float32 on the device, pooled at each row's last token.
+
+        A decoder pooled by tea (`_own_pooling`) runs without the attention mask: attention is causal and the padding
+        comes after every real token, so no real token sees it, and the forward takes the causal path (no mask to
+        build, SDPA's flash kernel)."""
+        import torch
+
         if self._own_pooling:
-            hidden = self.model.base_model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # [b, L, H]
+            hidden = self.model.base_model(input_ids=input_ids).last_hidden_state  # [b, L, H]
             last = mask.sum(dim=1) - 1  # [b]
-            logits = self.model.score(hidden[torch.arange(len(batch), device=self.device), last])  # [b, labels]
+            logits = self.model.score(hidden[torch.arange(len(input_ids), device=input_ids.device), last])  # [b, labels]
         else:
             logits = self.model(input_ids=input_ids, attention_mask=mask).logits  # [b, labels]
-        return logits[:, 0].float().cpu()
+        return logits[:, 0].float()
 
 
 def score_by_length(
-    model: Any, encoded: list[list[int]], batch_size: int, forward: "Callable[[list[list[int]]], torch.Tensor]"
+    model: Any, encoded: list[list[int]], batch_size: int,
+    pack: "Callable[[list[list[int]]], tuple[torch.Tensor, ...]]", forward: "Callable[..., torch.Tensor]",
 ) -> "torch.Tensor":
-    """encoded[B] token ids → forward's scores [B] float32 on CPU, in original order: sorted by length
-    (longest first), `batch_size` rows per forward, under no_grad with `model` in eval mode."""
+    """encoded[B] token ids → forward's scores [B] float32 on CPU, in original order: sorted by length (longest
+    first), `batch_size` rows per forward of `pack`'s tensors, under no_grad with `model` in eval mode.
+
+    Every batch is packed before the first forward and copied to a GPU from pinned memory without waiting, and the
+    scores come back in one copy after the last: a copy from the host's pageable memory, like reading a value back,
+    waits for the device to finish its queue, which once a batch left the GPU idle while the host built and launched
+    the next."""
     import torch
 
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    packed = [tuple(t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device) for t in pack([encoded[i] for i in rows]))
+              for rows in batches]
     scores = torch.empty(len(encoded), dtype=torch.float32)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                scores[rows] = forward([encoded[i] for i in rows])
+            outs = [forward(*tensors) for tensors in packed]
     finally:
         model.train(was_training)
+    if outs:
+        scores[order] = torch.cat(outs).float().cpu()
     return scores
 
 

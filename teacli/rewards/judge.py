@@ -176,10 +176,11 @@ class LMJudgeReward:
         """prompts[B], responses[B] → log p(yes) − log p(no) [B], float32 on CPU."""
         if len(prompts) != len(responses):
             raise ValueError(f"lm_judge: {len(prompts)} prompts but {len(responses)} responses")
-        return score_by_length(self.model, [self.encode(p, r) for p, r in zip(prompts, responses)], self.batch_size, self._forward)
+        return score_by_length(self.model, [self.encode(p, r) for p, r in zip(prompts, responses)], self.batch_size, self._pack, self._forward)
 
-    def _forward(self, batch: list[list[int]]) -> "torch.Tensor":
-        """batch[b] token ids → verdict log-odds [b]: left-padded, positions counted from each row's first token."""
+    def _pack(self, batch: list[list[int]]) -> "tuple[torch.Tensor, torch.Tensor, torch.Tensor]":
+        """batch[b] token ids → (input_ids, attention_mask, position_ids) [b, L] on the host: left-padded, positions
+        counted from each row's first token."""
         import torch
 
         width = max(len(ids) for ids in batch)
@@ -188,14 +189,14 @@ class LMJudgeReward:
         for row, ids in enumerate(batch):
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             mask[row, width - len(ids):] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        return input_ids, mask, (mask.cumsum(dim=1) - 1).clamp(min=0)
+
+    def _forward(self, input_ids: "torch.Tensor", mask: "torch.Tensor", positions: "torch.Tensor") -> "torch.Tensor":
+        """A packed batch on the device → verdict log-odds [b] on the device."""
         kwargs = {"logits_to_keep": 1} if self._keep_last else {}
-        out = self.model(
-            input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
-            use_cache=False, **kwargs,
-        )
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False, **kwargs)
         last = out.logits[:, -1].float()  # [b, V]
-        return (last[:, self.yes_id] - last[:, self.no_id]).cpu()
+        return last[:, self.yes_id] - last[:, self.no_id]
 
 
 def _float32_head(model: Any) -> None:

@@ -8,7 +8,7 @@ from tiny_lm import make_reward_model, make_tokenizer, save
 
 from teacli.config import RewardConfig
 from teacli.rewards import build_reward, checked_score
-from teacli.rewards.hf import HFRewardModel
+from teacli.rewards.hf import HFRewardModel, score_by_length
 from teacli.types import Prompt
 
 PROMPTS = [
@@ -65,6 +65,42 @@ def test_batching_and_tokenizer_padding_side_do_not_matter(rm, batch_size):
         torch.testing.assert_close(rm.score(prompts, responses), reference, atol=1e-5, rtol=1e-5)
     finally:
         rm.batch_size, rm.tokenizer.padding_side = old
+
+
+def test_every_batch_is_packed_before_the_first_forward():
+    """score_by_length packs (and moves) every batch before the first forward: a copy from the host's pageable memory
+    between two forwards waits for the GPU to finish the first. Longest first, in original order at the end."""
+    events = []
+
+    def pack(batch):
+        events.append("pack")
+        return (torch.tensor([float(len(ids)) for ids in batch]),)
+
+    def forward(lengths):
+        events.append("forward")
+        return 10 * lengths
+
+    encoded = [[7] * n for n in (3, 1, 4, 1, 5)]
+    scores = score_by_length(torch.nn.Linear(1, 1), encoded, 2, pack, forward)
+    assert events == ["pack"] * 3 + ["forward"] * 3
+    assert scores.tolist() == [30.0, 10.0, 40.0, 10.0, 50.0] and scores.dtype == torch.float32
+
+
+def test_a_decoder_pooled_by_tea_scores_without_the_attention_mask(rm, monkeypatch):
+    """The right-padded batch of a decoder tea pools itself runs without a mask (causal attention: no real token sees the
+    padding after it), and its scores are still the unbatched ones (test_scores_equal_unbatched_scores)."""
+    assert rm._own_pooling
+    seen = []
+    real = rm.model.base_model.forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("attention_mask"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rm.model.base_model, "forward", spy)
+    prompts, responses = batch()
+    torch.testing.assert_close(rm.score(prompts, responses), unbatched(rm, prompts, responses), atol=1e-5, rtol=1e-5)
+    assert seen and all(m is None for m in seen)
 
 
 def test_template_is_the_rms_own_and_bos_is_not_doubled(rm):
