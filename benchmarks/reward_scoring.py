@@ -1,0 +1,113 @@
+"""The reward model's scoring at a recipe's shapes, variant by variant, side by side in one process.
+
+    python benchmarks/reward_scoring.py uf_llama1b_tea --card h200                    # reward.kernels eager, liger, compile
+    python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager,liger --batch-sizes 16,32,64
+
+Builds the recipe's reward model as a rehearsal does (random weights of exactly its shape, `teacli.standins`; a local
+directory with a config.json works too, `--model`) and the conversations of one step as a rehearsal scores them: P × m
+of them (`rollout.prompts_per_step` × `rollout.group_size`), each a prompt of `rehearsal.prompt_tokens` words and a
+response of `rollout.max_new_tokens` words of the stand-in vocabulary (one token each, as a rehearsal's decoded
+completions). For every variant (`reward.kernels` × `reward.batch_size`; liger last, since its patches stay on the
+architecture's classes), one untimed call (warm-up, compilation) and `--repeats` timed ones; printed: the median
+seconds of the host's part (`encode`: the chat template and tokenizer) and of the device's (`score`: the batched
+forwards and the one read-back), tokens/s, the forward's floor on the card (`teacli.planner.forward_floor`: its FLOPs
+at the card's dense bf16 peak), time / floor, MFU, and the largest difference from the first variant's scores in
+units of their standard deviation. Target (docs/reproducing.md): reward scoring >= 55% MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+
+def conversations(recipe, vocab: int, seed: int = 0) -> tuple[list, list[str]]:
+    """(prompts, responses) of one step of `recipe` at a rehearsal's lengths, words `t<i>` of the stand-in vocabulary
+    (ids 1000 from either end of it: no special token)."""
+    from teacli.types import Prompt
+
+    rng = random.Random(seed)
+    words = lambda n: " ".join(f"t{rng.randrange(1000, vocab - 1000)}" for _ in range(n))  # noqa: E731
+    groups = recipe.rollout.prompts_per_step
+    prompts = [Prompt(id=f"p{i}", messages=({"role": "user", "content": words(recipe.rehearsal.prompt_tokens)},)) for i in range(groups)]
+    m = recipe.rollout.group_size
+    return [p for p in prompts for _ in range(m)], [words(recipe.rollout.max_new_tokens) for _ in range(groups * m)]
+
+
+def measure(rm, prompts, responses, repeats: int) -> dict:
+    """Median seconds of encoding and of scoring over `repeats` calls after an untimed one; the tokens; the scores."""
+    import torch
+
+    encode, score = [], []
+    for k in range(repeats + 1):
+        t0 = time.perf_counter()
+        encoded = [rm.encode(p, r) for p, r in zip(prompts, responses)]
+        t1 = time.perf_counter()
+        if rm.device.type == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        scores = rm._score_encoded(encoded)
+        t3 = time.perf_counter()
+        if k:
+            encode.append(t1 - t0)
+            score.append(t3 - t2)
+    return {"encode": statistics.median(encode), "score": statistics.median(score), "scores": scores,
+            "tokens": sum(len(ids) for ids in encoded), "sequences": len(encoded)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", help="a recipe name or file (its reward model, step size and lengths)")
+    parser.add_argument("--model", default=None, help="another reward model: a name tea has a shape for, or a local directory")
+    parser.add_argument("--kernels", default="eager,liger,compile", help="comma-separated reward.kernels values")
+    parser.add_argument("--batch-sizes", default=None, help="comma-separated reward.batch_size values (default: the recipe's)")
+    parser.add_argument("--card", default="h200", help="the card whose peak gives the floor (teacli.planner.CARDS)")
+    parser.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override, KEY=VALUE")
+    a = parser.parse_args(argv)
+
+    import torch
+
+    from teacli import planner, standins
+    from teacli.config import find_recipe, load_recipe
+    from teacli.rewards.hf import HFRewardModel
+
+    recipe = load_recipe(find_recipe(a.recipe), a.overrides, advantage=False)
+    name = a.model or recipe.reward.name_or_path
+    if not name:
+        parser.error(f"{a.recipe}: its reward has no model (reward.kind {recipe.reward.kind}); give --model")
+    path = standins.model_dir(name, "reward")
+    shape = planner.model_shape(name, "reward", classifier=True)
+    card = planner.CARDS[a.card]
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    kernels = sorted(a.kernels.split(","), key=lambda k: k == "liger")  # liger's patches outlive its model
+    sizes = [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else [recipe.reward.batch_size]
+
+    print(f"reward model {name} ({shape.params / 1e9:.2f}B parameters, stand-in), {a.dtype} on {device}; floor on {card.name}")
+    print("| kernels | batch size | sequences | tokens | encode s | score s | tokens/s | floor s | × floor | MFU | max |Δ| (std) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    first = None
+    for kind in kernels:
+        rm = HFRewardModel.from_pretrained(str(path), dtype=a.dtype, device=device, max_length=recipe.reward.max_length, kernels=kind)
+        prompts, responses = conversations(recipe, len(rm.tokenizer))
+        for size in sizes:
+            rm.batch_size = size
+            got = measure(rm, prompts, responses, a.repeats)
+            floor = planner.forward_floor(shape, card, got["tokens"], got["tokens"] / got["sequences"])
+            if first is None:
+                first = got["scores"]
+            drift = float((got["scores"] - first).abs().max() / first.std().clamp(min=1e-12))
+            print(f"| {kind} | {size} | {got['sequences']} | {got['tokens']:,} | {got['encode']:.2f} | {got['score']:.2f} | "
+                  f"{got['tokens'] / got['score']:,.0f} | {floor:.2f} | {got['score'] / floor:.1f}× | {floor / got['score']:.0%} | "
+                  f"{drift:.3f} |", flush=True)
+        del rm
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks/reward_scoring.py on a tiny reward-model shape on CPU: one row a variant, the step's P × m
+conversations at the rehearsal's lengths, and the same scores whatever the batch size."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "reward_scoring.py"
+
+
+def test_reward_scoring_benchmark_rows(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("reward_scoring", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = tmp_path / "rm"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForSequenceClassification"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 3000, "bos_token_id": 1,
+        "eos_token_id": 2, "pad_token_id": 0, "max_position_embeddings": 512, "tie_word_embeddings": False}))
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
+    P, m, prompt, new = 2, 3, 12, 20
+    bench.main(["uf_llama1b_tea", "--model", str(model), "--kernels", "eager", "--batch-sizes", "1,4", "--dtype", "float32",
+                "--device", "cpu", "--repeats", "1", "--set", f"rollout.prompts_per_step={P}", "--set", f"rollout.group_size={m}",
+                "--set", f"rollout.max_new_tokens={new}", "--set", f"rehearsal.prompt_tokens={prompt}"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| eager")]
+    assert [r[1].strip() for r in rows] == ["1", "4"]
+    for r in rows:
+        sequences, tokens = int(r[2]), int(r[3].replace(",", ""))
+        assert sequences == P * m
+        assert sequences * (prompt + new) < tokens < sequences * (prompt + new + 16)  # the words, and the chat template's tokens
+        assert float(r[-1]) < 1e-4  # batch size 4 scores what batch size 1 does
