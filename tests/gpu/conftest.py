@@ -1,4 +1,6 @@
+import collections
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,3 +17,27 @@ def cuda():
         pytest.skip("needs a CUDA GPU")
     sys.path.insert(0, str(TESTS))
     return torch.device("cuda")
+
+
+@pytest.fixture
+def teacli_syncs():
+    """count(fn): fn() run once to warm up, then again under torch.cuda.set_sync_debug_mode("warn"); the synchronizing
+    calls tea's own code made in the second run, by file and line."""
+    import torch
+
+    def count(fn) -> collections.Counter:
+        fn()  # warm-up: first-call allocations and lazy initialisation
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return collections.Counter(
+            f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}" for w in caught
+            if "synchroniz" in str(w.message).lower() and "teacli" in Path(w.filename).parts
+        )
+
+    return count

@@ -1,15 +1,11 @@
 """The reward model's scoring on a GPU: no wait for the device between its batches."""
 
-import collections
-import warnings
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.gpu
 
 
-def test_reward_scoring_waits_for_the_gpu_once_whatever_its_batches(cuda):
+def test_reward_scoring_waits_for_the_gpu_once_whatever_its_batches(cuda, teacli_syncs):
     """HFRewardModel.score queues batch after batch: the synchronizing calls tea's own code makes
     (torch.cuda.set_sync_debug_mode's warnings, by the file that made them) are the same with 8 batches as with 2. A
     copy from pageable host memory, or reading the scores back, once a batch left the GPU idle between forwards."""
@@ -24,21 +20,11 @@ def test_reward_scoring_waits_for_the_gpu_once_whatever_its_batches(cuda):
     prompts = [Prompt(id=f"p{i}", messages=({"role": "user", "content": "the cat " * (1 + i % 5)},)) for i in range(16)]
     responses = ["a dog ran " * (1 + i % 7) for i in range(16)]
 
-    def teacli_syncs(batch_size: int) -> collections.Counter:
-        rm.batch_size = batch_size
-        rm.score(prompts, responses)  # warm-up
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                rm.score(prompts, responses)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        return collections.Counter(
-            f"{Path(w.filename).name}:{w.lineno}" for w in caught
-            if "synchroniz" in str(w.message).lower() and "teacli" in Path(w.filename).parts
-        )
+    def run(batch_size: int):
+        def score():
+            rm.batch_size = batch_size
+            rm.score(prompts, responses)
+        return score
 
-    two, eight = teacli_syncs(8), teacli_syncs(2)
+    two, eight = teacli_syncs(run(8)), teacli_syncs(run(2))
     assert eight == two, f"tea's synchronizing calls with 2 batches {dict(two)}, with 8 {dict(eight)}"

@@ -57,15 +57,12 @@ def test_train_on_gpu_bf16(assets, tmp_path, stage):
     assert (tmp_path / "run" / "checkpoints" / "step_000002" / "model.safetensors").exists()
 
 
-def test_the_micro_batch_loop_reads_nothing_back(monkeypatch):
+def test_the_micro_batch_loop_reads_nothing_back(monkeypatch, teacli_syncs):
     """`train_step` queues micro-batch after micro-batch without waiting for the GPU: the synchronizing calls that tea's
     own code makes in a step (torch.cuda.set_sync_debug_mode's warnings, by the file that made them) are the same with
     8 micro-batches as with 2. Reading a loss statistic back, or copying a micro-batch from pageable host memory,
     inside the loop waits once a micro-batch (the 1B recipe's training was host-bound at 8 sequences a micro-batch).
     The micro-batches' packing, which moves them all before the first forward, runs outside the count."""
-    import collections
-    import warnings
-
     import torch
 
     if not torch.cuda.is_available():
@@ -93,26 +90,14 @@ def test_the_micro_batch_loop_reads_nothing_back(monkeypatch):
     prompt_ids, groups = make_batch(4, 4, seed=0, vocab=len(tok), eos=tok.eos_token_id)  # 16 sequences
     advantages = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
 
-    def teacli_syncs(micro: int) -> collections.Counter:
+    def run(micro: int):
         recipe = Recipe()
         recipe.backend.zero_stage, recipe.backend.precision = 0, "bf16"
         recipe.optim.micro_batch_size, recipe.kl.beta = micro, 0.1
         reference = make_causal_lm(tok, seed=1).requires_grad_(False).to(world.device, torch.bfloat16)
         engine = backend.build_engine(make_causal_lm(tok, seed=0), recipe, world, 16 // micro, "bf16")
         args = (engine, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id, world.device)
-        loop.train_step(*args)  # warm-up: first-call allocations and lazy initialisation
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                loop.train_step(*args)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        return collections.Counter(
-            f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}" for w in caught
-            if "synchroniz" in str(w.message).lower() and "teacli" in Path(w.filename).parts
-        )
+        return lambda: loop.train_step(*args)
 
-    two, eight = teacli_syncs(8), teacli_syncs(2)
+    two, eight = teacli_syncs(run(8)), teacli_syncs(run(2))
     assert eight == two, f"tea's synchronizing calls with 2 micro-batches {dict(two)}, with 8 {dict(eight)}"
