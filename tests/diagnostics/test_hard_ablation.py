@@ -62,3 +62,17 @@ def test_no_pair_at_an_m_is_an_error_naming_the_runs(tmp_path):
     write_run(tmp_path, "gpu_bon_hard_tea_m32-s0", np.zeros((3, 4)))
     with pytest.raises(SystemExit, match="no seed with both gpu_bon_hard_tea_m32 and gpu_bon_hard_grpo_m32 runs"):
         ablation.contrasts(tmp_path, 32, 2)
+
+
+def test_every_m_is_read_over_the_ablation_s_seeds(tmp_path):
+    """The plan compares the arms at the ablation's seeds (its study file's, [0, 1, 2]): a fourth seed of the main study's
+    m = 64 runs is left out of D(64), and of D(16) − D(64)."""
+    assert ablation.plan_seeds() == [0, 1, 2]
+    base = np.full((3, 4), 0.4)
+    for s in (0, 1, 2, 3):
+        write_run(tmp_path, f"gpu_bon_hard_grpo-s{s}", base)
+        write_run(tmp_path, f"gpu_bon_hard_tea-s{s}", base + (0.5 if s == 3 else 0.01))
+    write_run(tmp_path, "gpu_bon_hard_grpo_m16-s0", base)
+    write_run(tmp_path, "gpu_bon_hard_tea_m16-s0", base + 0.05)
+    rows = [line.split(" | ") for line in ablation.table(tmp_path, [16, 64], 2, 200, 0).splitlines()[2:]]
+    assert [(r[1], r[2]) for r in rows] == [("0", "+0.050"), ("0, 1, 2", "+0.010"), ("0 / 0, 1, 2", "+0.040")]

@@ -37,16 +37,16 @@ def run_name(method: str, m: int, seed: int) -> str:
     return f"{PREFIX}_{method}{'' if m == 64 else f'_m{m}'}-s{seed}"
 
 
-def contrasts(runs: Path, m: int, n: int, seeds: list[int], split: str = "heldout") -> tuple[np.ndarray, list[int], list[str]]:
-    """[S, P] per-seed per-prompt TEA − GRPO at best-of-n, over those of `seeds` both methods have at this m; those
-    seeds; the prompt ids (every run's, checked to be the same)."""
+def contrasts(runs: Path, m: int, n: int, seeds: list[int] | None = None, split: str = "heldout") -> tuple[np.ndarray, list[int], list[str]]:
+    """[S, P] per-seed per-prompt TEA − GRPO at best-of-n, over the seeds both methods have at this m (of `seeds`, where
+    given); those seeds; the prompt ids (every run's, checked to be the same)."""
     pattern = re.compile(rf"^{PREFIX}_(tea|grpo){'' if m == 64 else f'_m{m}'}-s(\d+)$")
     have: dict[str, set[int]] = {"tea": set(), "grpo": set()}
     for p in runs.iterdir():
         hit = pattern.match(p.name)
         if hit:
             have[hit[1]].add(int(hit[2]))
-    seeds = sorted(have["tea"] & have["grpo"] & set(seeds))
+    seeds = sorted(have["tea"] & have["grpo"] & (set(seeds) if seeds is not None else have["tea"]))
     if not seeds:
         raise SystemExit(f"hard_ablation.py: no seed with both {run_name('tea', m, 0)[:-3]} and {run_name('grpo', m, 0)[:-3]} runs under {runs}")
     rows, ids = [], None
