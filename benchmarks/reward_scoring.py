@@ -2,6 +2,7 @@
 
     python benchmarks/reward_scoring.py uf_llama1b_tea --card h200                    # reward.kernels eager, liger, compile
     python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager,liger --batch-sizes 16,32,64
+    python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager --before          # against the scoring loop before
 
 Builds the recipe's reward model as a rehearsal does (random weights of exactly its shape, `teacli.standins`; a local
 directory with a config.json works too, `--model`) and the conversations of one step as a rehearsal scores them: P × m
@@ -13,6 +14,10 @@ seconds of the host's part (`encode`: the chat template and tokenizer) and of th
 forwards and the one read-back), tokens/s, the forward's floor on the card (`teacli.planner.forward_floor`: its FLOPs
 at the card's dense bf16 peak), time / floor, MFU, and the largest difference from the first variant's scores in
 units of their standard deviation. Target (docs/reproducing.md): reward scoring >= 55% MFU.
+
+`--before` adds, first and with the first kernels, rows for the scoring loop as it was before it stopped waiting for
+the GPU (each batch copied from pageable memory and read back before the next, the attention mask passed): kernel
+for kernel the same forwards, so the two rows compare the loops.
 """
 
 from __future__ import annotations
@@ -36,8 +41,26 @@ def conversations(recipe, vocab: int, seed: int = 0) -> tuple[list, list[str]]:
     return [p for p in prompts for _ in range(m)], [words(recipe.rollout.max_new_tokens) for _ in range(groups * m)]
 
 
-def measure(rm, prompts, responses, repeats: int) -> dict:
-    """Median seconds of encoding and of scoring over `repeats` calls after an untimed one; the tokens; the scores."""
+def score_before(rm, encoded: list[list[int]]):
+    """The scoring loop before (teacli/rewards/hf.py until 2026-11-28): batch by batch, longest first, each copied to the
+    device from pageable memory, run with its attention mask and read back before the next is built."""
+    import torch
+
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    scores = torch.empty(len(encoded), dtype=torch.float32)
+    with torch.no_grad():
+        for start in range(0, len(order), rm.batch_size):
+            rows = order[start : start + rm.batch_size]
+            input_ids, mask = (t.to(rm.device) for t in rm._pack([encoded[i] for i in rows]))
+            hidden = rm.model.base_model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            last = mask.sum(dim=1) - 1
+            scores[rows] = rm.model.score(hidden[torch.arange(len(rows), device=rm.device), last])[:, 0].float().cpu()
+    return scores
+
+
+def measure(rm, prompts, responses, repeats: int, before: bool = False) -> dict:
+    """Median seconds of encoding and of scoring over `repeats` calls after an untimed one; the tokens; the scores.
+    `before`: with the scoring loop before (`score_before`)."""
     import torch
 
     encode, score = [], []
@@ -48,7 +71,7 @@ def measure(rm, prompts, responses, repeats: int) -> dict:
         if rm.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
-        scores = rm._score_encoded(encoded)
+        scores = score_before(rm, encoded) if before else rm._score_encoded(encoded)
         t3 = time.perf_counter()
         if k:
             encode.append(t1 - t0)
@@ -67,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--before", action="store_true", help="rows for the scoring loop before, first (a decoder tea pools)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override, KEY=VALUE")
     a = parser.parse_args(argv)
 
@@ -94,14 +118,17 @@ def main(argv: list[str] | None = None) -> None:
     for kind in kernels:
         rm = HFRewardModel.from_pretrained(str(path), dtype=a.dtype, device=device, max_length=recipe.reward.max_length, kernels=kind)
         prompts, responses = conversations(recipe, len(rm.tokenizer))
-        for size in sizes:
+        if a.before and kind == kernels[0] and not rm._own_pooling:
+            parser.error(f"--before: {name} is not a decoder tea pools itself; the loop before is timed for those only")
+        variants = [(size, before) for before in ((True, False) if a.before and kind == kernels[0] else (False,)) for size in sizes]
+        for size, before in variants:
             rm.batch_size = size
-            got = measure(rm, prompts, responses, a.repeats)
+            got = measure(rm, prompts, responses, a.repeats, before)
             floor = planner.forward_floor(shape, card, got["tokens"], got["tokens"] / got["sequences"])
             if first is None:
                 first = got["scores"]
             drift = float((got["scores"] - first).abs().max() / first.std().clamp(min=1e-12))
-            print(f"| {kind} | {size} | {got['sequences']} | {got['tokens']:,} | {got['encode']:.2f} | {got['score']:.2f} | "
+            print(f"| {kind}{' (loop before)' if before else ''} | {size} | {got['sequences']} | {got['tokens']:,} | {got['encode']:.2f} | {got['score']:.2f} | "
                   f"{got['tokens'] / got['score']:,.0f} | {floor:.2f} | {got['score'] / floor:.1f}× | {floor / got['score']:.0%} | "
                   f"{drift:.3f} |", flush=True)
         del rm

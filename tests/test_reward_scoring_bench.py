@@ -1,5 +1,5 @@
 """benchmarks/reward_scoring.py on a tiny reward-model shape on CPU: one row a variant, the step's P × m
-conversations at the rehearsal's lengths, and the same scores whatever the batch size."""
+conversations at the rehearsal's lengths, and the same scores whatever the batch size and with the loop before."""
 
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ def test_reward_scoring_benchmark_rows(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
     P, m, prompt, new = 2, 3, 12, 20
     bench.main(["uf_llama1b_tea", "--model", str(model), "--kernels", "eager", "--batch-sizes", "1,4", "--dtype", "float32",
-                "--device", "cpu", "--repeats", "1", "--set", f"rollout.prompts_per_step={P}", "--set", f"rollout.group_size={m}",
+                "--device", "cpu", "--repeats", "1", "--before", "--set", f"rollout.prompts_per_step={P}", "--set", f"rollout.group_size={m}",
                 "--set", f"rollout.max_new_tokens={new}", "--set", f"rehearsal.prompt_tokens={prompt}"])
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| eager")]
-    assert [r[1].strip() for r in rows] == ["1", "4"]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("eager (loop before)", "1"), ("eager (loop before)", "4"), ("eager", "1"), ("eager", "4")]
     for r in rows:
         sequences, tokens = int(r[2]), int(r[3].replace(",", ""))
         assert sequences == P * m
         assert sequences * (prompt + new) < tokens < sequences * (prompt + new + 16)  # the words, and the chat template's tokens
-        assert float(r[-1]) < 1e-4  # batch size 4 scores what batch size 1 does
+        assert float(r[-1]) < 1e-4  # every batch size scores what the loop before did at 1
