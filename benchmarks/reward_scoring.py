@@ -100,12 +100,17 @@ def main(argv: list[str] | None = None) -> None:
     from teacli.config import find_recipe, load_recipe
     from teacli.rewards.hf import HFRewardModel
 
-    recipe = load_recipe(find_recipe(a.recipe), a.overrides, advantage=False)
-    name = a.model or recipe.reward.name_or_path
-    if not name:
-        parser.error(f"{a.recipe}: its reward has no model (reward.kind {recipe.reward.kind}); give --model")
-    path = standins.model_dir(name, "reward")
-    shape = planner.model_shape(name, "reward", classifier=True)
+    if a.card not in planner.CARDS:
+        parser.error(f"--card: {a.card!r} is not one of {', '.join(planner.CARDS)}")
+    try:  # a recipe or model tea cannot find or has no shape for: one line naming it (RecipeError is a ValueError)
+        recipe = load_recipe(find_recipe(a.recipe), a.overrides, advantage=False)
+        name = a.model or recipe.reward.name_or_path
+        if not name:
+            parser.error(f"{a.recipe}: its reward has no model (reward.kind {recipe.reward.kind}); give --model")
+        path = standins.model_dir(name, "reward")
+        shape = planner.model_shape(name, "reward", classifier=True)
+    except ValueError as exc:
+        parser.error(str(exc))
     card = planner.CARDS[a.card]
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kernels = sorted(a.kernels.split(","), key=lambda k: k == "liger")  # liger's patches outlive its model

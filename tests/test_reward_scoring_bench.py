@@ -7,13 +7,32 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "reward_scoring.py"
 
 
-def test_reward_scoring_benchmark_rows(tmp_path, monkeypatch, capsys):
+def load():
     spec = importlib.util.spec_from_file_location("reward_scoring", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("args, names", [
+    (["nosuch_recipe"], "no recipe file or name 'nosuch_recipe'"),
+    (["uf_llama1b_tea", "--card", "a100"], "--card: 'a100'"),
+    (["uf_llama1b_tea", "--model", "nosuch/model"], "reward.name_or_path: no shape is known for 'nosuch/model'"),
+])
+def test_bad_input_is_one_error_naming_it(args, names, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit) as exit_:
+        load().main(args)
+    assert exit_.value.code == 2 and names in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_reward_scoring_benchmark_rows(tmp_path, monkeypatch, capsys):
+    bench = load()
     model = tmp_path / "rm"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({

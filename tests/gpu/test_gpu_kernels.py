@@ -215,7 +215,7 @@ def test_reward_model_kernels_match_eager_in_bf16(cuda, restore_llama_module):
     ids = torch.randint(0, LLAMA_1B["vocab_size"], (8, 384), generator=g).to(cuda)
     mask = torch.ones_like(ids)
     for row, pad in enumerate((0, 5, 40, 100, 0, 17, 200, 3)):
-        mask[row, :pad] = 0  # left padding, as HFRewardModel batches
+        mask[row, :pad] = 0  # left padding: the model's own masked forward (HFRewardModel right-pads and pools itself)
 
     def scores(dtype, kind="eager", attention="sdpa"):
         torch.manual_seed(0)

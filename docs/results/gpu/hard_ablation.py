@@ -46,7 +46,8 @@ def contrasts(runs: Path, m: int, n: int, seeds: list[int] | None = None, split:
         hit = pattern.match(p.name)
         if hit:
             have[hit[1]].add(int(hit[2]))
-    seeds = sorted(have["tea"] & have["grpo"] & (set(seeds) if seeds is not None else have["tea"]))
+    both = have["tea"] & have["grpo"]
+    seeds = sorted(both if seeds is None else both & set(seeds))
     if not seeds:
         raise SystemExit(f"hard_ablation.py: no seed with both {run_name('tea', m, 0)[:-3]} and {run_name('grpo', m, 0)[:-3]} runs under {runs}")
     rows, ids = [], None
