@@ -246,8 +246,16 @@ def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeyp
     rows = calibration.calibrate(prompts, records, M, [None])
     rows[0]["tolerance"] = 0.5  # the evaluation's (the reward's default)
     assert calibration.table(rows, M, len(prompts)) + "\n" == (gpu / "hard_calibration.md").read_text()
-    ablation = _load("hard_ablation", gpu / "hard_ablation.py")  # the m-ablation's runs so far, D(64) from the main study's
+    ablation = _load("hard_ablation", gpu / "hard_ablation.py")  # the m-ablation's runs, D(64) from the main study's
     assert ablation.table(tmp_path / "runs", [16, 32, 64], 128, 1000, 0) + "\n" == (gpu / "hard_ablation.md").read_text()
+    # report_hard_m is `tea study gpu_bon_hard_m`'s report: the command its study_hard_m_report.log ran
+    arms = [f"gpu_bon_hard_{m}{s}" for s in ("_m16", "_m32", "") for m in ("grpo", "tea")]
+    m_runs = [f"runs/{a}-s{seed}" for a in arms for seed in (0, 1, 2)]
+    assert f"report: python3 -m teacli.cli report {' '.join(m_runs)} " in (gpu / "study_hard_m_report.log").read_text()
+    _report_recomputes(gpu, m_runs, ["--baseline", "gpu_bon_hard_grpo", "--pair", "gpu_bon_hard_tea_m16=gpu_bon_hard_grpo_m16",
+                                     "--pair", "gpu_bon_hard_tea_m32=gpu_bon_hard_grpo_m32", "--bootstrap", "1000", "--seed", "0",
+                                     "--split", "heldout", "--n", "256", "--checkpoint", "selected", "--endpoints", "64,128,256"],
+                       "report_hard_m", 15)
 
 
 def test_judge_picks_cross_score_recomputes(capsys):
