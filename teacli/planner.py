@@ -60,8 +60,12 @@ CARDS = {
 # (docs/performance/2026-11-28-*/; recomputed by `python benchmarks/phases.py RUN... --calibrate`, and each constant by
 # tests/test_planner.py). What is assumed on an H100: the same fractions of its peak FLOP/s (the H200's) and
 # bandwidth (0.7x), the same per-step overheads.
-#   generation, per decode step: the hf engine takes `hf_step_ms` + its bytes at `hf_bw` of the bandwidth
-#     (fitted to the 1B shape at 512 sequences, 8.6 ms, and the 8B shape at 256, 15.0 ms); vLLM (log-probs of the
+#   generation, per decode step: the hf engine takes `hf_layer_ms` a layer (launching its kernels) + `hf_logit_ns` a
+#     logit (each sequence's sampling over the vocabulary) + its bytes at `hf_bw` of the bandwidth (the two fitted to
+#     the 1B shape at 512 sequences, 8.6 ms, and the 8B shape at 256, 15.0 ms; checked on the 1B at 256 and 128
+#     sequences a GPU, 2 and 4 GPUs). The compiled decode step (`rollout.compile`, on CUDA) compiles again for each new
+#     batch size, `hf_compile_s` each (the 1B's first step on one H200: 22.18 s of generation against 4.22 s): the
+#     step's, and a validation's waves where they differ from it (more GPUs: fewer sequences a step); vLLM (log-probs of the
 #     sampled tokens on, as tea asks) takes the larger of `vllm_step_ms` + `vllm_seq_ms` a live sequence (its
 #     scheduler and sampler bookkeeping: 17.9 ms at 512 sequences of 1B, 16.8 at 256 of 8B) and the same bytes time.
 #     vLLM captures CUDA graphs for at most 512 sequences and the hf engine decodes `rollout.batch_size` at once:
@@ -69,10 +73,14 @@ CARDS = {
 #     vLLM decodes at once only the sequences its KV cache has room for (`kv_concurrency`: a prompt's blocks shared by
 #     its samples, a completion's half-grown on average): fewer than 512 where the cache is small (rollout.kv_cache_gib
 #     auto caps it beside a trainer), and more waves.
-#   reward: the fraction of the card's peak FLOP/s the 8B reward model's forward reached beside the 1B vllm run.
+#   reward: the fraction of the card's peak FLOP/s the 8B reward model's forward reached beside the 1B vllm run;
+#     reward_liger: with `reward.kernels: liger`, alone on an H200 at batches of 16 (benchmarks/reward_scoring.py,
+#     docs/performance/2026-11-28-h200x4-four-gpus/rm_bench.log: 9.05 s for one step's 512 conversations, floor 5.67 s).
 #     reference, train: the 1B policy's forward, and its forward + backward with every layer checkpointed, at
-#     micro-batches of 32 (the recipes' size; docs/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true, one whole
-#     H200, steps 2-3); train_lora: an 8B LoRA policy's at micro-batches of 8. A phase takes the larger of its FLOPs'
+#     micro-batches of 32 (the recipes' size) on one whole H200: the reference as CUDA events time it
+#     (docs/performance/2026-11-28-h200x2-shipped/runs/l1b_shipped, steps 2-4; the host's clock, before the trainer's
+#     loop stopped waiting for the GPU, read 0.72), training from docs/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true
+#     (steps 2-3); train_lora: an 8B LoRA policy's at micro-batches of 8. A phase takes the larger of its FLOPs'
 #     time and what the host needs to drive it (GPU work overlaps it):
 #     - each layer of each forward pass of a micro-batch takes at least `layer_ms` to launch (a backward counts as
 #       two passes, like its FLOPs, and the shared-prompt path of `optim.share_prompts` runs two passes a forward:
@@ -91,9 +99,9 @@ CARDS = {
 #     checkpoint merges the adapters into a copy of the model and saves it: `lora_merge_gbps` of its bf16 bytes (the
 #     8B LoRA run: 16 GB in 106 s); setup: start-up.
 CALIBRATION: dict[str, float] = {
-    "hf_step_ms": 5.4, "hf_bw": 0.72,
+    "hf_layer_ms": 0.1118, "hf_logit_ns": 0.0550, "hf_bw": 0.72, "hf_compile_s": 17.96,
     "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
-    "reward": 0.571, "reference": 0.723, "train": 0.574, "train_lora": 0.443,
+    "reward": 0.571, "reward_liger": 0.627, "reference": 0.523, "train": 0.574, "train_lora": 0.443,
     "train_micro_s": 0.180, "zero2_micro_s": 0.086, "zero3_micro_s": 1.037, "layer_ms": 1.44,
     "checkpoint_gbps": 0.72, "lora_merge_gbps": 0.151, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
 }
@@ -218,12 +226,14 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
         live = sequences / waves
         bytes_s = generation_floor(pol, k, live, p, n) / n / cal[f"{name}_bw"]
         per_step = (max(cal["vllm_step_ms"] / 1e3 + cal["vllm_seq_ms"] / 1e3 * live, bytes_s) if name == "vllm"
-                    else cal["hf_step_ms"] / 1e3 + bytes_s)
+                    else (cal["hf_layer_ms"] * pol.layers + cal["hf_logit_ns"] * 1e-6 * live * pol.vocab) / 1e3 + bytes_s)
         return waves * n * per_step
 
     def reward_floor(sequences: float) -> float:
         return forward_floor(rm, k, sequences * ctx, ctx) if rm else 0.0
 
+    # reward.kernels liger (auto: where liger-kernel is installed, as the planner assumes) has its own efficiency
+    rm_eff = cal["reward_liger"] if recipe.reward.kernels in ("liger", "auto") else cal["reward"]
     lora = recipe.policy.lora.enabled
     floors = {
         "generate": gen_floor(seqs),
@@ -241,7 +251,7 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     launch = micro * pol.layers * passes * cal["layer_ms"] / 1e3
     seconds = {
         "generate": gen_time(seqs),
-        "reward": floors["reward"] / cal["reward"],
+        "reward": floors["reward"] / rm_eff,
         "reference": max(floors["reference"] / cal["reference"], launch) if recipe.kl.beta > 0 else 0.0,
         "train": max(floors["train"] / cal["train_lora" if lora else "train"], launch * (1 + 2 + layers_ckpt / pol.layers),
                      micro * cal["train_micro_s"]) + zero,
@@ -249,7 +259,15 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     }
     val_seqs = math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0  # each GPU validates its share of the prompts
     floors["validation"] = gen_floor(val_seqs) + reward_floor(val_seqs)
-    seconds["validation"] = gen_time(val_seqs, "validation") + reward_floor(val_seqs) / cal["reward"] if val_seqs else 0.0
+    seconds["validation"] = gen_time(val_seqs, "validation") + reward_floor(val_seqs) / rm_eff if val_seqs else 0.0
+    # the hf engine's compiled decode step compiles once for each batch size it meets: the step's, then the first
+    # validation's waves that the step did not have (the validation's own time above is every later one's)
+    compiles = {"step": 0, "validation": 0}
+    if name == "hf" and r.compile in (True, "auto"):
+        step_sizes, val_sizes = _wave_sizes(seqs, r.batch_size), _wave_sizes(val_seqs, r.batch_size)
+        compiles = {"step": len(step_sizes), "validation": len(val_sizes - step_sizes)}
+    seconds["compile"] = compiles["step"] * cal["hf_compile_s"]
+    seconds["validation_compile"] = compiles["validation"] * cal["hf_compile_s"]
     if lora:  # the merged model (bf16); the adapters' own state is small
         seconds["checkpoint"] = 2 * pol.params / (cal["lora_merge_gbps"] * 1e9)
     else:
@@ -260,10 +278,11 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     saves = steps // every + (1 if steps % every else 0)
     validations = (saves if v.enabled else 0) + (1 if v.enabled and v.at_start else 0)
     step_s = sum(seconds[ph] for ph in STEP_PHASES)
-    run_s = cal[f"setup_{name}_s"] + steps * step_s + validations * seconds["validation"] + saves * seconds["checkpoint"]
+    run_s = (cal[f"setup_{name}_s"] + seconds["compile"] + seconds["validation_compile"] + steps * step_s
+             + validations * seconds["validation"] + saves * seconds["checkpoint"])
     prompts = eval_prompts or _split_size(recipe.eval.split, recipe.data.dir)
     eval_seqs = prompts * M  # tea eval-bon runs on one GPU
-    eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs, "eval") + reward_floor(eval_seqs) / cal["reward"] if prompts else 0.0
+    eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs, "eval") + reward_floor(eval_seqs) / rm_eff if prompts else 0.0
     fits = memory["peak"] <= FIT_SHARE * k.memory_gib
     if recipe.reward.kind in ("lm_judge", "remote"):
         notes.append(f"{recipe.name}: reward.kind {recipe.reward.kind}'s scoring is not priced (0 s in the step, validation and eval-bon)")
@@ -271,6 +290,13 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
         notes.append(f"does not fit: {memory['peak']:.1f} GiB a GPU, more than {FIT_SHARE:.0%} of {k.memory_gib:.1f}; more GPUs shard ZeRO-3 states "
                      "(backend.zero_stage: 3), or backend.offload_optimizer: true")
     return Estimate(recipe.name, k, gpus, name, floors, seconds, memory, steps, validations, run_s, eval_s, fits, notes)
+
+
+def _wave_sizes(sequences: int, batch_size: int) -> set[int]:
+    """The batch sizes the hf engine decodes `sequences` in: waves of `batch_size`, the last one what is left."""
+    if sequences <= 0:
+        return set()
+    return {min(sequences, batch_size)} | ({sequences % batch_size} if sequences > batch_size and sequences % batch_size else set())
 
 
 def _split_size(split: str, data_dir: str | None = None) -> int:
@@ -342,12 +368,13 @@ def format_estimate(e: Estimate) -> str:
     """A table of one estimate, as `tea train --estimate` prints it."""
     lines = [f"{e.recipe} on {e.gpus} x {e.card.name} ({e.engine} engine), per GPU and step:",
              "| phase | floor s | predicted s | predicted / floor |", "|---|---|---|---|"]
-    for ph in (*STEP_PHASES, "validation", "checkpoint"):
+    for ph in (*STEP_PHASES, "validation", "checkpoint", "compile", "validation_compile"):
         f = e.floors.get(ph)
         s = e.seconds[ph]
         if not s:
             continue
-        lines.append(f"| {ph} | {f:.2f} | {s:.2f} | {s / f:.1f}x |" if f else f"| {ph} | – | {s:.2f} | – |")
+        label = {"compile": "compile (once)", "validation_compile": "validation's compile (once)"}.get(ph, ph)
+        lines.append(f"| {label} | {f:.2f} | {s:.2f} | {s / f:.1f}x |" if f else f"| {label} | – | {s:.2f} | – |")
     m = e.memory_gib
     lines.append(f"step {e.step_s:.1f} s; {e.steps} steps, {e.validations} validations: {_hms(e.run_s)} of training, "
                  f"{_hms(e.eval_s)} of eval-bon; {e.gpu_hours:.1f} GPU-hours")

@@ -177,15 +177,16 @@ class HFRewardModel:
 
         A decoder pooled by tea (`_own_pooling`) runs without the attention mask: attention is causal and the padding
         comes after every real token, so no real token sees it, and the forward takes the causal path (no mask to
-        build, SDPA's flash kernel)."""
+        build, SDPA's flash kernel). Neither keeps a KV cache (a reward model's config may ask for one: it would hold
+        every layer's keys and values until the forward returns, and a compiled forward recompiles on it)."""
         import torch
 
         if self._own_pooling:
-            hidden = self.model.base_model(input_ids=input_ids).last_hidden_state  # [b, L, H]
+            hidden = self.model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state  # [b, L, H]
             last = mask.sum(dim=1) - 1  # [b]
             logits = self.model.score(hidden[torch.arange(len(input_ids), device=input_ids.device), last])  # [b, labels]
         else:
-            logits = self.model(input_ids=input_ids, attention_mask=mask).logits  # [b, labels]
+            logits = self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # [b, labels]
         return logits[:, 0].float()
 
 

@@ -193,6 +193,7 @@ class Shape:
     kv_dim: int  # KV heads x head size
     hidden: int
     intermediate: int
+    vocab: int = 0  # the output vocabulary (0: not known): a decode step's sampling reads each sequence's logits
 
     @classmethod
     def from_config(cls, config: dict[str, Any], classifier: bool = False) -> "Shape":
@@ -208,7 +209,7 @@ class Shape:
         head = h * int(c.get("num_labels", 1)) if classifier else (0 if tied else V * h)
         params = L * layer + V * h + h + head
         matmul = L * layer + (h * int(c.get("num_labels", 1)) if classifier else V * h)
-        return cls(params, matmul, L, heads * hd, kv, h, f)
+        return cls(params, matmul, L, heads * hd, kv, h, f, V)
 
     def forward_flops(self, tokens: float, context: float) -> float:
         """FLOPs of a forward over `tokens` tokens whose sequences are `context` tokens long on average."""

@@ -41,7 +41,7 @@ def unbatched(rm: HFRewardModel, prompts, responses) -> torch.Tensor:
     rm.model.config.pad_token_id = None  # batch of 1 without a pad id: transformers pools at position -1
     try:
         with torch.no_grad():
-            return torch.tensor([float(rm.model(torch.tensor([rm.encode(p, r)])).logits[0, 0]) for p, r in zip(prompts, responses)])
+            return torch.tensor([float(rm.model(torch.tensor([rm.encode(p, r)]), use_cache=False).logits[0, 0]) for p, r in zip(prompts, responses)])
     finally:
         rm.model.config.pad_token_id = pad
 
@@ -101,6 +101,22 @@ def test_a_decoder_pooled_by_tea_scores_without_the_attention_mask(rm, monkeypat
     prompts, responses = batch()
     torch.testing.assert_close(rm.score(prompts, responses), unbatched(rm, prompts, responses), atol=1e-5, rtol=1e-5)
     assert seen and all(m is None for m in seen)
+
+
+@pytest.mark.parametrize("own_pooling", [True, False])
+def test_scoring_keeps_no_kv_cache_even_where_the_config_asks_for_one(rm, monkeypatch, own_pooling):
+    """Skywork's reward model's config says use_cache: true; scoring must not build a cache (it holds every layer's
+    keys and values for the whole forward, and makes a compiled forward recompile)."""
+    from transformers import cache_utils
+
+    def no_cache(*args, **kwargs):
+        raise AssertionError("the reward forward built a KV cache")
+
+    monkeypatch.setattr(rm.model.config, "use_cache", True)
+    monkeypatch.setattr(rm, "_own_pooling", own_pooling)
+    monkeypatch.setattr(cache_utils.DynamicCache, "__init__", no_cache)
+    prompts, responses = batch()
+    torch.testing.assert_close(rm.score(prompts, responses), unbatched(rm, prompts, responses), atol=1e-5, rtol=1e-5)
 
 
 def test_template_is_the_rms_own_and_bos_is_not_doubled(rm):
