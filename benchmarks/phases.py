@@ -38,8 +38,6 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
     from teacli.config import recipe_from_dict
 
     tree = yaml.safe_load((run / "recipe.yaml").read_text())
-    if (tree.get("reward") or {}).get("kind", "hf") == "hf":  # a run recorded before reward.kernels existed scored eager
-        tree.setdefault("reward", {}).setdefault("kernels", "eager")
     recipe = recipe_from_dict(tree, source=str(run / "recipe.yaml"))
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steady = rows[skip:] or rows

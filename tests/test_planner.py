@@ -344,8 +344,7 @@ def test_a_small_kv_cache_means_more_waves_of_generation():
     per_step = max(cal["vllm_step_ms"] / 1e3 + cal["vllm_seq_ms"] / 1e3 * live,
                    planner.generation_floor(shape, card, live, p, n) / n / cal["vllm_bw"])
     reward_floor = e.floors["validation"] - planner.generation_floor(shape, card, seqs, p, n)
-    rm_eff = cal["reward_liger"] if r.reward.kernels in ("liger", "auto") else cal["reward"]  # auto: liger where installed
-    assert e.seconds["validation"] == pytest.approx(waves * n * per_step + reward_floor / rm_eff)
+    assert e.seconds["validation"] == pytest.approx(waves * n * per_step + reward_floor / cal["reward"])
     roomy = copy.deepcopy(r)
     roomy.rollout.kv_cache_gib = 30.0  # room for every sequence: one wave
     assert planner.estimate(roomy, gpus=2, card=planner.CARDS["h200"], engine="vllm").seconds["validation"] < e.seconds["validation"]
@@ -443,9 +442,8 @@ def test_reward_liger_is_what_the_reward_benchmark_measured():
     assert float(liger[8]) / float(liger[6]) == pytest.approx(planner.CALIBRATION["reward_liger"], rel=0.01)  # floor s / score s
     assert float(eager[6]) / float(liger[6]) > 1.15
     r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
-    assert r.reward.kernels == "auto"  # the default: liger where it is installed, as the planner assumes
-    eager, fused = copy.deepcopy(r), copy.deepcopy(r)
-    eager.reward.kernels, fused.reward.kernels = "eager", "liger"
-    e, f, auto = (planner.estimate(x, gpus=1, card="h200", engine="hf") for x in (eager, fused, r))
-    assert auto.seconds["reward"] == f.seconds["reward"]
+    assert r.reward.kernels == "eager"
+    fused = copy.deepcopy(r)
+    fused.reward.kernels = "liger"
+    e, f = (planner.estimate(x, gpus=1, card="h200", engine="hf") for x in (r, fused))
     assert e.seconds["reward"] / f.seconds["reward"] == pytest.approx(planner.CALIBRATION["reward_liger"] / planner.CALIBRATION["reward"])
