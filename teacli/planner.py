@@ -262,12 +262,11 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     seconds["validation"] = gen_time(val_seqs, "validation") + reward_floor(val_seqs) / rm_eff if val_seqs else 0.0
     # the hf engine's compiled decode step compiles once for each batch size it meets: the step's, then the first
     # validation's waves that the step did not have (the validation's own time above is every later one's)
-    compiles = {"step": 0, "validation": 0}
-    if name == "hf" and r.compile in (True, "auto"):
-        step_sizes, val_sizes = _wave_sizes(seqs, r.batch_size), _wave_sizes(val_seqs, r.batch_size)
-        compiles = {"step": len(step_sizes), "validation": len(val_sizes - step_sizes)}
-    seconds["compile"] = compiles["step"] * cal["hf_compile_s"]
-    seconds["validation_compile"] = compiles["validation"] * cal["hf_compile_s"]
+    compiled = name == "hf" and r.compile in (True, "auto")
+    step_sizes = _wave_sizes(seqs, r.batch_size) if compiled else set()
+    val_sizes = _wave_sizes(val_seqs, r.batch_size) if compiled else set()
+    seconds["compile"] = len(step_sizes) * cal["hf_compile_s"]
+    seconds["validation_compile"] = len(val_sizes - step_sizes) * cal["hf_compile_s"]
     if lora:  # the merged model (bf16); the adapters' own state is small
         seconds["checkpoint"] = 2 * pol.params / (cal["lora_merge_gbps"] * 1e9)
     else:
@@ -364,6 +363,9 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
             "train_activations": train_act / _GiB, "peak": (held + max(gen, train_act)) / _GiB, "kv_cache": kv / _GiB}
 
 
+_ONCE = {"compile": "compile (once)", "validation_compile": "validation's compile (once)"}  # run once, not every step
+
+
 def format_estimate(e: Estimate) -> str:
     """A table of one estimate, as `tea train --estimate` prints it."""
     lines = [f"{e.recipe} on {e.gpus} x {e.card.name} ({e.engine} engine), per GPU and step:",
@@ -373,7 +375,7 @@ def format_estimate(e: Estimate) -> str:
         s = e.seconds[ph]
         if not s:
             continue
-        label = {"compile": "compile (once)", "validation_compile": "validation's compile (once)"}.get(ph, ph)
+        label = _ONCE.get(ph, ph)
         lines.append(f"| {label} | {f:.2f} | {s:.2f} | {s / f:.1f}x |" if f else f"| {label} | – | {s:.2f} | – |")
     m = e.memory_gib
     lines.append(f"step {e.step_s:.1f} s; {e.steps} steps, {e.validations} validations: {_hms(e.run_s)} of training, "
