@@ -16,7 +16,8 @@ tokens only (not the prompt, not the right padding), in one of two ways:
     would compute input and weight gradients that nobody uses.
   * `chunked`: the same in torch: row chunks of at most `CHUNK_ELEMENTS` logits; when there are
     several, each chunk's head + log-softmax is checkpointed (only its hidden states are kept for
-    backward). Everywhere else.
+    backward). Everywhere else. Without gradients on CUDA each chunk's log-softmax is compiled
+    (`_forward_chunk`).
 
 Both give today's values (bf16/fp32 logits from the head, log-softmax in fp32) and gradients.
 Models whose logits are not `head(hidden)` (final-logit softcapping, logit scaling) take the
@@ -279,6 +280,25 @@ def _chunk_logprobs(head, rows: "Tensor", targets: "Tensor") -> "Tensor":
     return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+_COMPILED_CHUNK: Any = None
+
+
+def _forward_chunk(head, rows: "Tensor") -> Any:
+    """`_chunk_logprobs`, or where no gradient is taken on CUDA with a plain `nn.Linear` head (the reference model's
+    log-probs), the same compiled (inductor, dynamic row counts): the fp32 copy of the logits, the gather and the
+    log-sum-exp become one pass over the bf16 logits. Same values (the sums in another order); a 1B policy's head
+    and log-softmax over 16k completion tokens took 15.2 ms instead of 31.3 on an H200 (benchmarks/logprob_head.py)."""
+    global _COMPILED_CHUNK
+    import torch
+
+    plain = type(head) is torch.nn.Linear and not hasattr(head.weight, "ds_id")
+    if rows.device.type != "cuda" or not plain or (torch.is_grad_enabled() and rows.requires_grad):
+        return _chunk_logprobs
+    if _COMPILED_CHUNK is None:
+        _COMPILED_CHUNK = torch.compile(_chunk_logprobs, dynamic=True)
+    return _COMPILED_CHUNK
+
+
 def _chunked(head, rows: "Tensor", targets: "Tensor") -> "Tensor":
     import torch
     from torch.utils.checkpoint import checkpoint
@@ -288,10 +308,11 @@ def _chunked(head, rows: "Tensor", targets: "Tensor") -> "Tensor":
     # With several chunks each is checkpointed (backward recomputes its logits instead of keeping them
     # all); a single chunk is kept as it is (bounded already; recomputing would only cost time).
     recompute = torch.is_grad_enabled() and rows.requires_grad and rows.shape[0] > step
+    chunk = _forward_chunk(head, rows)
     out = []
     for start in range(0, rows.shape[0], step):
         r, t = rows[start : start + step], targets[start : start + step]
-        out.append(checkpoint(_chunk_logprobs, head, r, t, use_reentrant=False) if recompute else _chunk_logprobs(head, r, t))
+        out.append(checkpoint(_chunk_logprobs, head, r, t, use_reentrant=False) if recompute else chunk(head, r, t))
     return torch.cat(out) if out else rows.new_zeros(0, dtype=torch.float32)
 
 

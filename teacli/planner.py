@@ -61,10 +61,13 @@ CARDS = {
 # tests/test_planner.py). What is assumed on an H100: the same fractions of its peak FLOP/s (the H200's) and
 # bandwidth (0.7x), the same per-step overheads.
 #   generation, per decode step: the hf engine takes `hf_layer_ms` a layer (launching its kernels) + `hf_logit_ns` a
-#     logit (each sequence's sampling over the vocabulary) + its bytes at `hf_bw` of the bandwidth (the two fitted to
-#     the 1B shape at 512 sequences, 8.6 ms, and the 8B shape at 256, 15.0 ms; checked on the 1B at 256 and 128
-#     sequences a GPU, 2 and 4 GPUs). The compiled decode step (`rollout.compile`, on CUDA) compiles again for each new
-#     batch size, `hf_compile_s` each (the 1B's first step on one H200: 22.18 s of generation against 4.22 s): the
+#     logit (each sequence's LM head and draw over the vocabulary) + its bytes at `hf_bw` of the bandwidth (the two
+#     fitted to the 1B shape at 512 sequences, 7.37 ms, docs/performance/2026-11-28-h200x2-draw/runs/l1b, steps 2-4,
+#     and the 8B shape at 256, 15.0 ms measured with the eager draw less what the compiled draw saves at 256 rows,
+#     0.48 ms: half of its 0.96 ms at 512 in benchmarks/decode_step.py; checked on the 1B at 256 and 128 sequences a
+#     GPU, 2 and 4 GPUs, before the draw was compiled). The compiled decode step (`rollout.compile`, on CUDA) and draw
+#     compile again for each new batch size, `hf_compile_s` each (the same 1B run's first step: 22.27 s of generation
+#     against 3.77 s): the
 #     step's, and a validation's waves where they differ from it (more GPUs: fewer sequences a step); vLLM (log-probs of the
 #     sampled tokens on, as tea asks) takes the larger of `vllm_step_ms` + `vllm_seq_ms` a live sequence (its
 #     scheduler and sampler bookkeeping: 17.9 ms at 512 sequences of 1B, 16.8 at 256 of 8B) and the same bytes time.
@@ -77,9 +80,8 @@ CARDS = {
 #     reward_liger: with `reward.kernels: liger`, alone on an H200 at batches of 16 (benchmarks/reward_scoring.py,
 #     docs/performance/2026-11-28-h200x4-four-gpus/rm_bench.log: 9.05 s for one step's 512 conversations, floor 5.67 s).
 #     reference, train: the 1B policy's forward, and its forward + backward with every layer checkpointed, at
-#     micro-batches of 32 (the recipes' size) on one whole H200: the reference as CUDA events time it
-#     (docs/performance/2026-11-28-h200x2-shipped/runs/l1b_shipped, steps 2-4; the host's clock, before the trainer's
-#     loop stopped waiting for the GPU, read 0.72), training from docs/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true
+#     micro-batches of 32 (the recipes' size) on one whole H200: the reference as CUDA events time it, its log-softmax
+#     compiled (docs/performance/2026-11-28-h200x2-draw/runs/l1b, steps 2-4; 0.52 when it was eager), training from docs/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true
 #     (steps 2-3); train_lora: an 8B LoRA policy's at micro-batches of 8. A phase takes the larger of its FLOPs'
 #     time and what the host needs to drive it (GPU work overlaps it):
 #     - each layer of each forward pass of a micro-batch takes at least `layer_ms` to launch (a backward counts as
@@ -99,9 +101,9 @@ CARDS = {
 #     checkpoint merges the adapters into a copy of the model and saves it: `lora_merge_gbps` of its bf16 bytes (the
 #     8B LoRA run: 16 GB in 106 s); setup: start-up.
 CALIBRATION: dict[str, float] = {
-    "hf_layer_ms": 0.1118, "hf_logit_ns": 0.0550, "hf_bw": 0.72, "hf_compile_s": 17.96,
+    "hf_layer_ms": 0.1175, "hf_logit_ns": 0.0348, "hf_bw": 0.72, "hf_compile_s": 18.50,
     "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
-    "reward": 0.571, "reward_liger": 0.627, "reference": 0.523, "train": 0.574, "train_lora": 0.443,
+    "reward": 0.571, "reward_liger": 0.627, "reference": 0.617, "train": 0.574, "train_lora": 0.443,
     "train_micro_s": 0.180, "zero2_micro_s": 0.086, "zero3_micro_s": 1.037, "layer_ms": 1.44,
     "checkpoint_gbps": 0.72, "lora_merge_gbps": 0.151, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
 }

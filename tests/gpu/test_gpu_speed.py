@@ -93,3 +93,40 @@ def test_gradient_checkpointing_auto_is_off_for_a_small_model_on_a_big_gpu(tiny,
     assert resolve_checkpointing(recipe, tiny[1], world).layers == 0
     recipe.optim.micro_batch_size, recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens = 10**6, 10**4, 10**4
     assert resolve_checkpointing(recipe, tiny[1], world).layers == 1  # of 2: the least memory (the last layer is never worth it)
+
+
+def test_the_compiled_draw_and_log_softmax_give_the_eager_results(cuda):
+    """What runs compiled on CUDA against its eager self. The draw: on an even grid of u (as the CPU test) the compiled
+    kernel is the softmax's quantile function (counts n·p_i within 2, never a −inf token); at the 1B recipe's shape,
+    with the same u, the same token in all but a few rows (the sums round differently: 2 of 512 here). The reference's
+    log-softmax: the same log-probs within fp32 rounding of the sums."""
+    import torch
+
+    import teacli.logprobs as logprobs
+    from teacli.rollout.hf import DRAW_BLOCK, inverse_cdf_tokens
+
+    compiled = torch.compile(inverse_cdf_tokens, dynamic=False)
+    vocab = 3 * DRAW_BLOCK + 37
+    scores = torch.randn(vocab, device=cuda, generator=torch.Generator(device=cuda).manual_seed(1), dtype=torch.float64) * 2
+    scores[DRAW_BLOCK : 2 * DRAW_BLOCK - 9] = -float("inf")
+    n = 20_000
+    u = ((torch.arange(n, device=cuda, dtype=torch.float64) + 0.5) / n).float()[:, None]
+    counts = torch.bincount(compiled(scores.bfloat16().expand(n, vocab), u), minlength=vocab).double()
+    exact = scores.bfloat16().double().softmax(-1)
+    assert (counts[exact == 0] == 0).all() and ((counts - n * exact).abs() <= 2).all()
+
+    g = torch.Generator(device=cuda).manual_seed(0)
+    logits = (torch.randn(512, 128256, device=cuda, generator=g) * 3).bfloat16()
+    u = torch.rand(512, 1, device=cuda, generator=g)
+    assert (compiled(logits, u) != inverse_cdf_tokens(logits, u)).sum().item() <= 10
+
+    head = torch.nn.Linear(2048, 128256, bias=False, device=cuda, dtype=torch.bfloat16)
+    rows = torch.randn(5000, 2048, device=cuda, dtype=torch.bfloat16)  # 3 chunks, the last a different size
+    targets = torch.randint(0, 128256, (5000,), device=cuda)
+    with torch.no_grad():
+        assert logprobs._forward_chunk(head, rows) is not logprobs._chunk_logprobs  # compiled here
+        got = logprobs._chunked(head, rows, targets)
+        want = torch.cat([logprobs._chunk_logprobs(head, rows[s : s + 2048], targets[s : s + 2048]) for s in range(0, 5000, 2048)])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    rows.requires_grad_()
+    assert logprobs._forward_chunk(head, rows) is logprobs._chunk_logprobs  # a gradient: eager

@@ -368,6 +368,61 @@ def test_inverse_cdf_sampler_never_draws_past_the_last_positive_token(monkeypatc
     assert InverseCDFSampler()(torch.zeros(1, 1, dtype=torch.long), scores).argmax(-1).item() == 2
 
 
+def test_inverse_cdf_tokens_is_the_softmax_quantile_function_across_blocks():
+    """u on an even grid of n points through [0, 1) (u_j = (j + ½)/n): token i is drawn for the u that fall in its
+    interval of the CDF, so its count is n·p_i within 1 (plus fp32 rounding of the sums), for a vocabulary of three
+    blocks and a bit, with a whole block and scattered tokens at −inf (never drawn) and a bf16 row."""
+    from teacli.rollout.hf import DRAW_BLOCK, inverse_cdf_tokens
+
+    vocab = 3 * DRAW_BLOCK + 37
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(vocab, generator=gen, dtype=torch.float64) * 2
+    scores[DRAW_BLOCK : 2 * DRAW_BLOCK] = -float("inf")  # a block of probability 0
+    scores[torch.randperm(vocab, generator=gen)[:200]] = -float("inf")
+    scores[-1] = -float("inf")  # the padded last block ends in a zero
+    for dtype in (torch.float32, torch.bfloat16):
+        row = scores.to(dtype)
+        exact = row.double().softmax(-1)  # the distribution written out
+        n = 20_000
+        u = ((torch.arange(n, dtype=torch.float64) + 0.5) / n).float()[:, None]
+        counts = torch.bincount(inverse_cdf_tokens(row.expand(n, vocab), u), minlength=vocab).double()
+        assert counts.shape[0] == vocab and counts.sum() == n
+        assert (counts[exact == 0] == 0).all()
+        assert ((counts - n * exact).abs() <= 1.5).all(), (counts - n * exact).abs().max()
+
+
+def test_inverse_cdf_tokens_at_the_top_of_u_lands_on_the_last_positive_token():
+    """u just below 1 lands on the last token of positive probability, in the middle of a block followed by a
+    zero-probability tail, and u = 0 on the first."""
+    from teacli.rollout.hf import DRAW_BLOCK, inverse_cdf_tokens
+
+    scores = torch.full((1, 2 * DRAW_BLOCK + 5), -float("inf"))
+    scores[0, 3] = 1.0
+    scores[0, DRAW_BLOCK + 17] = 0.0  # the last positive token, mid-block
+    top = torch.tensor([[torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)).item()]])
+    assert inverse_cdf_tokens(scores, top).item() == DRAW_BLOCK + 17
+    assert inverse_cdf_tokens(scores, torch.zeros(1, 1)).item() == 3
+
+
+def test_inverse_cdf_tokens_never_rounds_into_a_zero_probability_token():
+    """u just below the first block's share of the total: for some rows the block's own running sum rounds below
+    the target (a sum and a cumsum of the same 256 terms differ in their last bits), and the search inside the block
+    runs off its end, into the zero-probability tokens after it. Every draw must still be a token of positive
+    probability."""
+    from teacli.rollout.hf import DRAW_BLOCK, inverse_cdf_tokens
+
+    scores = torch.randn(64, 4 * DRAW_BLOCK, generator=torch.Generator().manual_seed(0)) * 3
+    scores[:, DRAW_BLOCK - 40 : 2 * DRAW_BLOCK] = -float("inf")
+    weights = (scores - scores.amax(-1, keepdim=True)).exp().view(64, 4, DRAW_BLOCK)
+    upto = weights.sum(-1).cumsum(-1)
+    target = torch.nextafter(upto[:, :1], torch.zeros(1))  # the largest float below the first block's running sum
+    u = target / upto[:, -1:]
+    runs_off = weights[:, 0].cumsum(-1)[:, -1:] <= u * upto[:, -1:]
+    assert runs_off.any()  # the case is exercised
+    drawn = inverse_cdf_tokens(scores, u)
+    assert torch.isfinite(scores.gather(1, drawn[:, None])).all()
+
+
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 def test_shared_prompt_prefill_samples_what_the_unshared_engine_samples(model, tok, prompts, kv_cache):
     """Each distinct prompt of a batch is prefilled once (batch 7 splits the groups of 4 across batches)
