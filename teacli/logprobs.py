@@ -287,7 +287,7 @@ def _forward_chunk(head, rows: "Tensor") -> Any:
     """`_chunk_logprobs`, or where no gradient is taken on CUDA with a plain `nn.Linear` head (the reference model's
     log-probs), the same compiled (inductor, dynamic row counts): the fp32 copy of the logits, the gather and the
     log-sum-exp become one pass over the bf16 logits. Same values (the sums in another order); a 1B policy's head
-    and log-softmax over 16k completion tokens took 15.2 ms instead of 31.3 on an H200 (benchmarks/logprob_head.py)."""
+    and log-softmax over 16k completion tokens took 15.5 ms instead of 31.4 on an H200 (benchmarks/decode_step.py)."""
     global _COMPILED_CHUNK
     import torch
 
