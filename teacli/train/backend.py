@@ -92,12 +92,54 @@ def init_world() -> World:
         device = torch.device("cpu")
     deepspeed = _deepspeed()
     if not dist.is_initialized():
-        with _stdout_to_stderr():  # "... built successfully" of its communication op
+        single_cpu = device.type == "cpu" and int(os.environ["WORLD_SIZE"]) == 1
+        if device.type == "cpu" and not single_cpu:
+            _clear_stale_build_lock("deepspeed_shm_comm")
+        with _stdout_to_stderr(), _without_shm_op(deepspeed, single_cpu):  # "... built successfully" of its communication op
             deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
         if device.type == "cpu" and dist.get_world_size() > 1:
             dist.barrier()  # every rank has mapped every peer's shared-memory segment
             _unlink_shm_segment(dist.get_rank())
     return World(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
+
+
+@contextlib.contextmanager
+def _without_shm_op(deepspeed: Any, skip: bool) -> Iterator[None]:
+    """DeepSpeed's CPU backend JIT-builds (or re-checks, under a file lock) its shared-memory all-reduce op in every
+    process it starts; a one-process run has nobody to share memory with. With `skip`, the op reads as incompatible
+    while the process group starts (`deepspeed.ops.__compatible_ops__`, which `build_shm_op` consults), and torch's
+    gloo does the (no-op) collectives. This also spares a one-process run the lock of the op's build directory: a
+    process killed while holding it (a SIGKILLed `tea train`) left a lock that made every later CPU run wait forever."""
+    ops = getattr(getattr(deepspeed, "ops", None), "__compatible_ops__", None)
+    if not skip or not isinstance(ops, dict):
+        yield
+        return
+    name = "deepspeed_shm_comm"
+    saved = ops.get(name, False)
+    ops[name] = False
+    try:
+        yield
+    finally:
+        ops[name] = saved
+
+
+STALE_LOCK_S = 600  # a build of DeepSpeed's shm op takes well under a minute on 2 cores
+
+
+def _clear_stale_build_lock(name: str) -> None:
+    """Remove the lock of torch's JIT-build directory for op `name` when it is older than `STALE_LOCK_S`: torch waits
+    on it forever, and one is left behind whenever a process is killed while it loads the op. One line on stderr
+    says so."""
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory  # the directory torch's `load` builds `name` in
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    with contextlib.suppress(OSError):
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_LOCK_S:
+            lock.unlink()
+            print(f"note: removed a stale build lock ({lock}, {age / 60:.0f} minutes old, left by a killed process)", file=sys.stderr)
 
 
 def _unlink_shm_segment(rank: int) -> None:
