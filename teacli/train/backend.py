@@ -92,15 +92,18 @@ def init_world() -> World:
         device = torch.device("cpu")
     deepspeed = _deepspeed()
     if not dist.is_initialized():
-        single_cpu = device.type == "cpu" and int(os.environ["WORLD_SIZE"]) == 1
-        if device.type == "cpu" and not single_cpu:
-            _clear_stale_build_lock("deepspeed_shm_comm")
-        with _stdout_to_stderr(), _without_shm_op(deepspeed, single_cpu):  # "... built successfully" of its communication op
+        cpu_peers = device.type == "cpu" and int(os.environ["WORLD_SIZE"]) > 1  # ranks that share memory through SHM_OP
+        if cpu_peers:
+            _clear_stale_build_lock(SHM_OP)
+        with _stdout_to_stderr(), _without_shm_op(deepspeed, skip=device.type == "cpu" and not cpu_peers):  # "... built successfully" of SHM_OP
             deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
-        if device.type == "cpu" and dist.get_world_size() > 1:
+        if cpu_peers:
             dist.barrier()  # every rank has mapped every peer's shared-memory segment
             _unlink_shm_segment(dist.get_rank())
     return World(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
+
+
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU shared-memory all-reduce op: its name for torch's JIT build and in its ops table
 
 
 @contextlib.contextmanager
@@ -114,13 +117,12 @@ def _without_shm_op(deepspeed: Any, skip: bool) -> Iterator[None]:
     if not skip or not isinstance(ops, dict):
         yield
         return
-    name = "deepspeed_shm_comm"
-    saved = ops.get(name, False)
-    ops[name] = False
+    saved = ops.get(SHM_OP, False)
+    ops[SHM_OP] = False
     try:
         yield
     finally:
-        ops[name] = saved
+        ops[SHM_OP] = saved
 
 
 STALE_LOCK_S = 600  # a build of DeepSpeed's shm op takes well under a minute on 2 cores
