@@ -345,6 +345,13 @@ def check_vllm_kwargs(kwargs: dict[Any, Any], origin: dict[str, str] | None = No
 class AdvantageConfig:
     name: str = field("tea", "Advantage rule: tea, tea_raw, prefix_tea, grpo, grpo_z, bon_max_mean, bon_max_second, bon_mean, chow, cat_bon, or 'package.module:function'.")
     params: dict[str, Any] = field({}, "Keyword parameters of the rule (see docs/advantages.md), e.g. {alpha: 0.25, n_target: 128}.")
+    scale_rewards: Literal["none", "group", "batch"] = field(
+        "none",
+        "Divide the rule's advantages by a reward std (TRL's scale_rewards, verl's norm_adv_by_std_in_grpo): none (the "
+        "paper's rules as written); group = each group's population reward std + 1e-6 (GRPO-Z's normalizer: grpo with "
+        "group is grpo_z); batch = the std of all the step's rewards, over every rank. For comparing rules at a matched step "
+        "size (docs/advantages.md).",
+    )
     tail_check_r2: float | None = field(0.8, "Warn once (console and tail_check_warning.txt in the run directory) when the median over the last tail_check_window steps of tail_r2_median (each step's median QQ R² of the groups' upper tails, q in [0.80, 0.99]) is below this; None = no check.", ge=0.0, le=1.0)
     tail_check_window: int = field(10, "Steps in the running median of the tail check.", ge=1)
 

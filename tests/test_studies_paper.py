@@ -78,7 +78,7 @@ def _option(cmd: list[str], flag: str) -> list[str]:
     return [cmd[i + 1] for i, a in enumerate(cmd) if a == flag]
 
 
-NOT_PAPER = {"embedded_bon", "gpu_bon_rule", "gpu_bon_judge", "gpu_bon150_rule", "gpu_bon150_judge", "gpu_bon_hard", "gpu_bon_hard_m"}  # the embedded CPU comparison and the GPU studies: tests/test_study.py
+NOT_PAPER = {"embedded_bon", "gpu_bon_rule", "gpu_bon_judge", "gpu_bon150_rule", "gpu_bon150_judge", "gpu_bon_hard", "gpu_bon_hard_m", "gpu_bon_hard_step", "gpu_bon_hard_kl"}  # the embedded CPU comparison and the GPU studies: tests/test_study.py
 
 
 def test_every_shipped_study_is_in_the_paper_table():

@@ -468,3 +468,32 @@ def test_a_runs_dir_that_is_a_file_fails_the_dry_run(tmp_path, under):
     assert "is a file; the study's run directories go under runs_dir" in " ".join(res.stderr.split())
     bad.write_text(f"recipes: [quickstart]\nruns_dir: {tmp_path / 'new' / 'runs'}\n")  # not there yet: created when it runs
     assert CliRunner().invoke(app, ["study", str(bad), "--dry-run"]).exit_code == 0
+
+
+def test_the_matched_step_studies_change_one_key_each():
+    """recipes/studies/gpu_bon_hard_step.yaml: TEA-Z is gpu_bon_hard_tea with advantage.scale_rewards group and nothing
+    else, against the main study's GRPO-Z; gpu_bon_hard_kl.yaml: GRPO and TEA with kl.beta 0.03 and 0.01 and nothing else,
+    paired at matched beta. Both plan every stage on one GPU."""
+    from teacli.config import load_recipe
+
+    def tree(name):
+        d = load_recipe(find_recipe(name)).to_dict()
+        for key in ("name", "description"):
+            d.pop(key)
+        return d
+
+    step, kl = load_study(find_study("gpu_bon_hard_step")), load_study(find_study("gpu_bon_hard_kl"))
+    assert step.runs == ["gpu_bon_hard_grpo_z", "gpu_bon_hard_tea_z"] and step.baseline == "gpu_bon_hard_grpo_z"
+    assert len(step.seeds) >= 4 and (step.split, step.n) == ("heldout", 256) and 128 in step.endpoints
+    tea_z, tea = tree("gpu_bon_hard_tea_z"), tree("gpu_bon_hard_tea")
+    assert (tea_z["advantage"].pop("scale_rewards"), tea["advantage"].pop("scale_rewards")) == ("group", "none")
+    assert tea_z == tea
+    assert kl.pairs == {"gpu_bon_hard_tea_b003": "gpu_bon_hard_grpo_b003", "gpu_bon_hard_tea_b001": "gpu_bon_hard_grpo_b001"}
+    for method in ("grpo", "tea"):
+        for suffix, beta in (("b003", 0.03), ("b001", 0.01)):
+            a, b = tree(f"gpu_bon_hard_{method}_{suffix}"), tree(f"gpu_bon_hard_{method}")
+            assert (a["kl"].pop("beta"), b["kl"].pop("beta")) == (beta, 0.1)
+            assert a == b, (method, suffix)
+    for study in ("gpu_bon_hard_step", "gpu_bon_hard_kl"):
+        res = CliRunner().invoke(app, ["study", study, "--dry-run", "--gpus", "0", "--per-gpu", "4"])
+        assert res.exit_code == 0 and res.output.strip().splitlines()[-1].startswith("dry run: "), res.output

@@ -6,6 +6,11 @@ user's rule with the same signature) and calls it. Rules are pure tensor math: n
 
 A user rule is any callable `rule(rewards: Tensor[P, m], **params) -> Tensor[P, m]`; it may raise
 `ValueError` for parameters or group sizes it cannot handle.
+
+`scale_advantages` divides any rule's advantages by a reward standard deviation, as TRL's `scale_rewards`
+("group", "batch", "none") and verl's `norm_adv_by_std_in_grpo` do for GRPO: per group by the group's reward
+std (GRPO-Z's normalizer, so GRPO scaled by group is GRPO-Z exactly), or by the whole step's. Not in the
+paper: it exists to compare rules at a matched step size (docs/advantages.md, "Scaling advantages").
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
-from teacli.advantages.baselines import bon_max_mean, bon_max_second, bon_mean, cat_bon, chow, grpo, grpo_z
+from teacli.advantages.baselines import EPS, bon_max_mean, bon_max_second, bon_mean, cat_bon, chow, grpo, grpo_z
 from teacli.advantages.tea import prefix_tea, tea, tea_raw
 
 if TYPE_CHECKING:
@@ -116,4 +121,27 @@ def compute_advantages(name: str, rewards: "Tensor", **params: Any) -> "Tensor":
     return out.to(rewards.dtype)
 
 
-__all__ = ["ADVANTAGE_RULES", "compute_advantages", "resolve_rule", "rule_parameters", "check_rewards"]
+REWARD_SCALES = ("none", "group", "batch")
+
+
+def scale_advantages(advantages: "Tensor", rewards: "Tensor", how: str, *, batch_std: float | None = None,
+                     eps: float = EPS) -> "Tensor":
+    """Advantages [P, m] divided by a reward standard deviation (population, 1/m) plus `eps`.
+
+    how = "none": unchanged; "group": each row by its own group's reward std, std(R_p) + ε (GRPO-Z's
+    normalizer); "batch": every row by the std of all the step's rewards, `batch_std` when given (the std over
+    every rank's groups), else that of `rewards`. A positive factor per group: each group's ordering of its
+    samples and the signs of their advantages are unchanged.
+    """
+    if how == "none":
+        return advantages
+    if how == "group":
+        return advantages / (rewards.std(dim=-1, keepdim=True, correction=0) + eps)
+    if how == "batch":
+        std = float(rewards.std(correction=0)) if batch_std is None else batch_std
+        return advantages / (std + eps)
+    raise ValueError(f"unknown reward scale {how!r}: use one of {', '.join(REWARD_SCALES)}")
+
+
+__all__ = ["ADVANTAGE_RULES", "REWARD_SCALES", "compute_advantages", "resolve_rule", "rule_parameters", "check_rewards",
+           "scale_advantages"]

@@ -564,6 +564,18 @@ def merge_validation(parts: list[dict[str, Any]], recipe) -> dict[str, Any]:
 _WATCH_BASELINE: dict[str, list[str]] = {}
 
 
+def batch_reward_std(rewards: "torch.Tensor", how: str) -> float | None:
+    """The population std of every rank's rewards [P, m] (each rank holds as many), for advantage.scale_rewards:
+    batch; None for any other scale."""
+    if how != "batch":
+        return None
+    from teacli.train import backend
+
+    r = rewards.double()
+    moments = backend.all_reduce_mean({"m1": float(r.mean()), "m2": float((r * r).mean())})
+    return math.sqrt(max(moments["m2"] - moments["m1"] ** 2, 0.0))
+
+
 def token_counts(prompt_ids: list[list[int]], groups: list[list[Completion]]) -> dict[str, int]:
     """Tokens a step's phases process: prompt tokens once per prompt (generation's prefill, with the prompt
     shared) and once per sequence (reference and training), and the completions' tokens."""
@@ -685,7 +697,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     """Set up, write the run's files (every check has passed by then), restore a resumed run's state, train."""
     import torch
 
-    from teacli.advantages import compute_advantages
+    from teacli.advantages import compute_advantages, scale_advantages
     from teacli.advantages.tail import tail_check_stats
     from teacli.diagnostics.tail_check import TailCheck
     from teacli.train import backend
@@ -763,9 +775,11 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             rollout.sleep()
             prompt_ids, groups, rewards = sel.prompt_ids, sel.groups, sel.rewards
             try:
-                advantages = compute_advantages(recipe.advantage.name, rewards.double(), **adv_params).float()
+                unscaled = compute_advantages(recipe.advantage.name, rewards.double(), **adv_params)
             except ValueError as exc:
                 raise TrainError(f"advantage.name={recipe.advantage.name!r}: {exc}") from None
+            advantages = scale_advantages(unscaled, rewards.double(), recipe.advantage.scale_rewards,
+                                          batch_std=batch_reward_std(rewards, recipe.advantage.scale_rewards)).float()
             if sel.filled.any():  # dynamic sampling ran out of rounds: these groups only keep the step's shape
                 advantages[sel.filled] = 0.0
             phase = "training (optim.micro_batch_size, policy.gradient_checkpointing)"
@@ -789,6 +803,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
                 "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max(dim=1).values.mean()),
                 "reward_std": float(rewards.std(dim=1, correction=0).mean()),
                 "adv_mean": float(advantages.mean()), "adv_std": float(advantages.std(correction=0)),
+                "adv_std_unscaled": float(unscaled.std(correction=0)),  # before advantage.scale_rewards
                 "adv_min": float(advantages.min()), "adv_max": float(advantages.max()),
                 "adv_nonzero_frac": float((advantages.abs() > 1e-12).float().mean()),
                 **stats,

@@ -330,3 +330,28 @@ def test_nan_reward_stops_with_the_prompt_id_and_keeps_the_run(assets, two_steps
     assert "returned NaN for prompt" in proc.stderr and "reward" in proc.stderr and "Traceback" not in proc.stderr
     assert (run / "metrics.jsonl").read_text() == kept
     assert (run2 / "checkpoints" / "step_000002" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_scale_rewards_group_and_batch_through_the_loop(assets, tmp_path):
+    """advantage.scale_rewards in a real run: group makes GRPO's advantages GRPO-Z's (each non-flat group's std 1, so
+    the step's adv_std² is the share of non-flat groups); batch divides every rank's advantages by one std, that of
+    every rank's rewards together (two ranks: the same factor adv_std_unscaled / adv_std on both)."""
+    run = tmp_path / "group"
+    tea_train(recipe(assets, tmp_path, optim__steps=2, advantage={"name": "grpo", "params": {}, "scale_rewards": "group"}), run, tmp_path)
+    for r in metrics(run):
+        assert r["adv_std_unscaled"] != pytest.approx(r["adv_std"])
+        assert 0 < r["adv_std"] <= 1 + 1e-5
+    run = tmp_path / "batch"
+    rec = recipe(assets, tmp_path, optim__steps=2, rollout__prompts_per_step=4,
+                 advantage={"name": "tea", "params": {"alpha": 0.25, "n_target": 8}, "scale_rewards": "batch"},
+                 logging={"report_to": [], "per_rank": True})
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29900 + os.getpid() % 90),
+           "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads(line) for line in (run / "ranks.jsonl").read_text().splitlines()]
+    for step in (1, 2):
+        r0, r1 = (r for r in ranks if r["step"] == step)
+        assert r0["reward_mean"] != r1["reward_mean"]  # the ranks scored different prompts ...
+        assert r0["adv_std_unscaled"] / r0["adv_std"] == pytest.approx(r1["adv_std_unscaled"] / r1["adv_std"], rel=1e-5)  # ... one factor
