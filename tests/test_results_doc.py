@@ -9,7 +9,9 @@ import importlib.util
 import io
 import json
 import math
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,18 @@ def _cell(text: str):
         return float(text)
     except ValueError:
         return text
+
+
+UPDATE = os.environ.get("TEA_UPDATE_RECORDS") == "1"  # rewrite the committed tables from the recomputation
+
+
+def _update(out: Path, committed: Path, suffixes: tuple[str, ...] = (".md", ".csv")) -> None:
+    """With TEA_UPDATE_RECORDS=1 (after a change to what `tea report` writes): the recomputed `out`'s tables replace the
+    committed ones, new tables included. `git diff` then shows what the change did to every committed report."""
+    if UPDATE:
+        for path in out.iterdir():
+            if path.suffix in suffixes:
+                shutil.copyfile(path, committed / path.name)
 
 
 def _same(got: Path, want: Path) -> bool:
@@ -173,6 +187,7 @@ def _report_recomputes(gpu: Path, runs: list[str], args: list[str], out: str, at
 
     res = CliRunner().invoke(app, ["report", *runs, *args, "--out", f"out/{out}"])
     assert res.exit_code == 0, res.output
+    _update(Path("out") / out, gpu / out)
     committed = sorted(p for p in (gpu / out).iterdir() if p.suffix in (".md", ".csv"))
     assert len(committed) >= at_least
     for path in committed:
@@ -258,6 +273,21 @@ def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeyp
                        "report_hard_m", 15)
 
 
+@pytest.mark.slow
+def test_gpu_matched_step_report_recomputes_from_the_committed_records(tmp_path, monkeypatch):
+    """docs/results/gpu/report_hard_step is `tea study gpu_bon_hard_step`'s report (TEA-Z against GRPO-Z, four seeds each):
+    the command study_hard_step_report.log records, run on the committed records."""
+    gpu = DOCS / "results" / "gpu"
+    runs = [f"runs/gpu_bon_hard_{m}-s{s}" for m in ("grpo_z", "tea_z") for s in range(4)]
+    assert all((gpu / run).is_dir() for run in runs)
+    args = ["--baseline", "gpu_bon_hard_grpo_z", "--bootstrap", "1000", "--seed", "0", "--split", "heldout", "--n", "256",
+            "--checkpoint", "selected", "--endpoints", "1,64,128,256"]
+    assert f"python3 -m teacli.cli report {' '.join(runs)} {' '.join(args)}" in (gpu / "study_hard_step_report.log").read_text()
+    _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)
+    _report_recomputes(gpu, runs, args, "report_hard_step", 15)
+
+
 def test_judge_picks_cross_score_recomputes(capsys):
     """docs/results/gpu/cross_score_judge.md (the LM-judge runs' best-of-256 picks under the rule reward) is what
     cross_score.py prints from the committed picks."""
@@ -283,6 +313,7 @@ def test_embedded_report_recomputes_from_the_committed_records(tmp_path, monkeyp
                                    "--bootstrap", "1000", "--seed", "0", "--out", "out/report", "--split", "heldout",
                                    "--n", "64", "--checkpoint", "selected", "--endpoints", "16,32,64"])
     assert res.exit_code == 0, res.output
+    _update(tmp_path / "out" / "report", results / "report", (".md", ".csv", ".json"))
     committed = sorted(p for p in (results / "report").iterdir() if p.suffix in (".md", ".csv", ".json"))
     assert len(committed) >= 18
     for path in committed:

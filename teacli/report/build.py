@@ -22,6 +22,7 @@ Table layouts follow the paper:
   best_tta      N | Best TTA | bo<N> | baseline | Δ [95% CI] | W/T/L       (the Best TTA row, every N)
   deltas_<run>  N | <baseline> | <run> | Δ [95% CI] | W/T/L                (tab:hh_helpful_full_robustness)
   length        Method | Mean length | Source samples                    (tab:core250_length_check)
+  step_size     Method | Step | KL | Adv. std | Grad norm | Clipped     (not in the paper: the step-size confound)
   judge         Method | Sel. | Baseline | W–L | Win | Invalid           (tab:deepseek_v4pro_checks)
 
 The output directory is replaced whole: everything is written to a temporary directory beside
@@ -54,6 +55,7 @@ from teacli.report.read import (  # noqa: F401  (re-exported: the report's readi
     ReportError,
     RunEval,
     available_evals,
+    check_same_generation,
     check_same_reward,
     choose_eval,
     default_report_runs,
@@ -65,6 +67,9 @@ from teacli.report.read import (  # noqa: F401  (re-exported: the report's readi
     read_records,
     run_names,
 )
+from teacli.report.step_size import WINDOW as STEP_WINDOW
+from teacli.report.step_size import pooled as pooled_step_size
+from teacli.report.step_size import read_step_size
 from teacli.rundir import writing
 
 MANIFEST = ".tea-report"
@@ -212,6 +217,15 @@ def make_tables(rep: Report) -> list[T.Table]:
         length.rows.append([r.name, None, None] if got is None else [r.name, f"{got[0]:.1f}", got[1]])
     out.append(length)
 
+    sizes = step_size_rows(rep.runs)
+    if sizes:
+        t = T.Table("step_size", f"Step size of each method's training (docs/evaluation.md, \"Step size\"): KL = the mean recorded "
+                    f"KL to the reference (nats) over the {STEP_WINDOW} steps ending at the evaluated checkpoint (a pooled method: "
+                    f"the mean over seeds, each seed's beside it); Adv. std and Grad norm (before clipping) = means over training; "
+                    f"Clipped = share of steps clipped", ["Method", "Step", "KL", "Adv. std", "Grad norm", "Clipped"])
+        t.rows.extend(sizes)
+        out.append(t)
+
     cells = {r.name: hacking.report_cells([s.path for s in r.seeds] or [r.path]) for r in rep.runs}
     if any(flagged != "–" for _, flagged in cells.values()):  # a run that declared validation.watch_patterns
         watch = T.Table("watch", "Reward-hacking watch (docs/diagnostics.md): Jumps = steps where the batch's best reward "
@@ -221,7 +235,7 @@ def make_tables(rep: Report) -> list[T.Table]:
             watch.rows.append([r.name, *cells[r.name]])
         out.append(watch)
 
-    judge_rows = [(r, j) for r in rep.runs for j in r.judge]
+    judge_rows = [(r, j) for r in rep.runs for j in r.judge if j.win + j.loss]  # a failed judge (no valid verdict): in notes
     if judge_rows:
         judge = T.Table("judge", "Pairwise judge: W–L = this run's wins – the other run's wins; Win = W / (W + L); Invalid = no verdict",
                         ["Method", "Sel.", "Baseline", "W–L", "Win", "Invalid"])
@@ -230,6 +244,29 @@ def make_tables(rep: Report) -> list[T.Table]:
             judge.rows.append([r.name, f"bo{j.N}", j.other, T.WL(j.win, j.loss), win, j.invalid])
         out.append(judge)
     return out
+
+
+def step_size_rows(runs: Sequence[RunEval]) -> list[list[T.Cell]]:
+    """The step_size table's rows (teacli/report/step_size.py); none when no run has training metrics."""
+    def fmt(x: float | None, spec: str) -> str | None:
+        return None if x is None else format(x, spec)
+
+    rows, any_metrics = [], False
+    for r in runs:
+        members = r.seeds or [r]
+        sizes = [read_step_size(m.path, m.checkpoint) for m in members]
+        size = sizes[0] if len(sizes) == 1 else pooled_step_size(sizes)
+        any_metrics |= size is not None
+        if size is None:
+            rows.append([r.name, r.checkpoint, None, None, None, None])
+            continue
+        kl = fmt(size.kl, ".3g")
+        if len(members) > 1 and kl is not None:
+            kl += " (" + " ".join(f"s{m.recipe.seed if m.recipe else '?'}:{fmt(s.kl, '.3g') if s and s.kl is not None else '–'}"
+                                  for m, s in zip(members, sizes)) + ")"
+        rows.append([r.name, r.checkpoint, kl, fmt(size.adv_std, ".3f"), fmt(size.grad_norm, ".3g"),
+                     None if size.clipped is None else f"{100 * size.clipped:.0f}%"])
+    return rows if any_metrics else []
 
 
 def _safe(name: str) -> str:
@@ -274,6 +311,10 @@ def notes(rep: Report) -> list[str]:
         lines.append("Extra W/T/L rows: each run with an 'ours' rule against the Best TTA run of each column at its own m, "
                      "and against each GRPO-Z run at its m that is not its baseline: "
                      + "; ".join(f"{x.label} ({', '.join(dict.fromkeys(x.against))})" for x in rep.extra) + ".")
+    failed = [f"{r.name}/judge/{j.other}-bo{j.N}.jsonl ({j.invalid} invalid)" for r in rep.runs for j in r.judge if not j.win + j.loss]
+    if failed:
+        lines.append("Judge files with no valid verdict (every reply failed to parse; rerun `tea judge` with --retry-invalid) "
+                     "are left out of `judge`: " + ", ".join(failed) + ".")
     if rep.dropped:
         lines.append("Prompts not common to all runs were left out: "
                      + ", ".join(f"{n}: {k}" for n, k in rep.dropped.items()) + ".")
@@ -476,6 +517,10 @@ def build_report(
         raise ReportError(f"--bootstrap {resamples}: a 95% percentile interval needs at least {stats.MIN_RESAMPLES} "
                           f"resamples (with fewer, an end of the interval is the smallest or largest resampled mean); "
                           f"use {stats.MIN_RESAMPLES} or more (default {stats.DEFAULT_RESAMPLES})")
+    if resamples > stats.MAX_RESAMPLES:
+        raise ReportError(f"--bootstrap {resamples}: at most {stats.MAX_RESAMPLES:,} resamples (each holds one index per "
+                          f"prompt in memory; the default {stats.DEFAULT_RESAMPLES} already puts the 95% interval's ends "
+                          "well within the prompts' own sampling error)")
     if seed < 0:
         raise ReportError(f"--seed {seed}: the bootstrap seed must be an integer >= 0")
     check_levels(levels)
@@ -506,6 +551,7 @@ def build_report(
     runs = [pool.pool(m.name, [loaded[i] for i in m.members]) if m.pooled else loaded[m.members[0]] for m in methods]
     arm = load_run(Path(base_arm), all_names[-1], "base", split, M) if base_arm is not None else None
     check_same_reward([*loaded, *([arm] if arm is not None else [])])
+    check_same_generation(loaded, arm)
     rep = compare(runs, base_name, resamples, seed, endpoints, pair_names, arm, levels)
     tabs = make_tables(rep)
 
