@@ -45,6 +45,10 @@ class _Group(typer.core.TyperGroup):
         directory should be) is one `error:` line naming the path, exit 2, not a traceback."""
         try:
             return super().invoke(ctx)
+        except typer.BadParameter as exc:  # typer's click (vendored in typer >= 0.24)
+            if any(c.__name__ == "MissingParameter" for c in type(exc).__mro__):  # syntax: keeps the usage line (docs/cli.md)
+                raise
+            _fail(_bad_parameter_message(exc))  # a value out of range or of the wrong type: bad input, one line
         except OSError as exc:
             if exc.errno not in _FS_HINTS:
                 raise
@@ -60,12 +64,24 @@ _FS_HINTS = {
 }
 
 
+def _bad_parameter_message(exc: Any) -> str:
+    """click's BadParameter as one line: `--steps: input should be greater than or equal to 1`."""
+    param = exc.param
+    name = exc.param_hint if isinstance(exc.param_hint, str) else None
+    if name is None and param is not None:
+        name = param.opts[0] if getattr(param, "opts", None) and param.param_type_name == "option" else (param.human_readable_name or param.name)
+    message = " ".join(str(exc.message).split())
+    return f"{name or 'an option'}: {message[:1].lower()}{message[1:]}"
+
+
 def _os_error_message(exc: OSError) -> str:
     what = (exc.strerror or str(exc)).rstrip(".")
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
     head = f"{' -> '.join(paths)}: {what[:1].lower()}{what[1:]}" if paths else what
-    cache = os.environ.get("TEA_CACHE")
-    if cache and any(_under(p, cache) for p in paths):  # the user's setting made that path: name it
+    from teacli.cache import cache_dir, cache_setting
+
+    cache = cache_setting()
+    if cache and any(_under(p, str(cache_dir())) for p in paths):  # the user's setting made that path: name it
         return f"{head}; it is in tea's cache, TEA_CACHE={cache}: set TEA_CACHE to a directory tea can create and write (or unset it for ~/.cache/tea)"
     return f"{head}; {_FS_HINTS[exc.errno]}" if _FS_HINTS.get(exc.errno) else head
 
@@ -286,16 +302,48 @@ def prepare_data(
 # tea train
 
 
+def _only_with(ctx: Any, flag: str, names: tuple[str, ...]) -> None:
+    """One `error:` line when an option that only applies with `flag` (e.g. --estimate) was given without it:
+    it would be ignored silently otherwise."""
+    given = []
+    for name in names:
+        source = ctx.get_parameter_source(name)  # click's (or typer's vendored click's) ParameterSource
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            given.append(next(p.opts[0] for p in ctx.command.params if p.name == name))
+    if given:
+        options = " and ".join(given)
+        _fail(f"{options} appl{'ies' if len(given) == 1 else 'y'} only with {flag}, which was not given; "
+              f"add {flag} or drop {options}")
+
+
+def _gpu_count(text: Optional[str]) -> int:
+    """train's --gpus: a count of GPUs; a list of indices (study's --gpus) is an error saying which is which."""
+    if text is None:
+        return 1
+    if not text.strip().isdigit():
+        got = "a list of GPU indices" if "," in text else repr(text)
+        _fail(f"--gpus {text}: tea train's --gpus is a count of GPUs (with --estimate, e.g. --gpus 8), not {got}; "
+              f"tea study's --gpus takes GPU indices (e.g. tea study NAME --gpus 0,1)")
+    if int(text) < 1:
+        _fail(f"--gpus {text}: give at least 1 (the number of GPUs the run trains on)")
+    return int(text)
+
+
 @app.command()
 def train(
+    ctx: typer.Context,
     recipe: str = typer.Argument(..., help="Recipe YAML file or name (see `tea recipes list`)."),
     set_: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set optim.lr=3e-5 (repeatable)."),
     run_dir: str = typer.Option(None, "--run-dir", help="Run directory (default: runs/<recipe name>, runs/<recipe name>-rehearsal with --rehearse). An existing one is resumed."),
-    rehearse: bool = typer.Option(False, "--rehearse", help="Rehearse with shape-exact stand-ins (random weights, stand-in tokenizer and prompts) to measure time and memory; not evidence (docs/reproducing.md)."),
+    rehearse: bool = typer.Option(False, "--rehearse", help="Rehearse with shape-exact stand-ins (random weights, stand-in tokenizer and prompts) to measure time and memory on GPUs; needs CUDA unless the models are small (at most 500M parameters in all); not evidence (docs/reproducing.md). On a CPU machine, use --estimate."),
     steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Train this many steps (sets optim.steps)."),
     estimate: bool = typer.Option(False, "--estimate", help="Print the predicted time per phase, peak memory a GPU and GPU-hours of the run; train nothing (docs/reproducing.md)."),
-    card: str = typer.Option("h100", "--card", help="With --estimate: h100 or h200."),
-    gpus: int = typer.Option(1, "--gpus", min=1, help="With --estimate: GPUs the run trains on."),
+    card: str = typer.Option("h100", "--card", help="With --estimate only: the GPU model, h100 or h200."),
+    gpus: Optional[str] = typer.Option(
+        None, "--gpus", metavar="COUNT", show_default=False,
+        help="With --estimate only: the number of GPUs the run trains on, e.g. 8 (default 1). A count, not GPU indices "
+        "as `tea study --gpus` takes; to train on several GPUs, launch with deepspeed or torchrun (below).",
+    ),
 ) -> None:
     """Train a policy with the recipe's advantage rule; resumes an existing run directory.
 
@@ -306,6 +354,9 @@ def train(
 
     from teacli.config import RecipeError, find_recipe, load_recipe
 
+    count = _gpu_count(gpus)
+    if not estimate:
+        _only_with(ctx, "--estimate", ("card", "gpus"))
     set_ = [*set_, *(["rehearsal.enabled=true"] if rehearse else []), *([f"optim.steps={steps}"] if steps else [])]
     try:
         r = load_recipe(find_recipe(recipe), set_)
@@ -315,10 +366,19 @@ def train(
         from teacli.planner import estimate as predict, format_estimate
 
         try:
-            typer.echo(format_estimate(predict(r, gpus=gpus, card=card)))
+            typer.echo(format_estimate(predict(r, gpus=count, card=card)))
         except ValueError as exc:
             _fail(str(exc))
         return
+    if r.rehearsal.enabled:  # before anything is built: a rehearsal of big shapes on CPU is killed minutes later
+        import torch
+
+        from teacli.standins import require_gpu
+
+        try:
+            require_gpu(r, torch.cuda.is_available(), "--rehearse" if rehearse else "a rehearsal (rehearsal.enabled)")
+        except ValueError as exc:
+            _fail(str(exc))
     from teacli.data.errors import DataError
     from teacli.train.errors import Interrupted, TrainError
     from teacli.rundir import check_run_dir_path
@@ -327,6 +387,21 @@ def train(
     directory = Path(run_dir) if run_dir else Path("runs") / (r.name + ("-rehearsal" if r.rehearsal.enabled else ""))
     _plain_progress()
     main_rank = os.environ.get("RANK", "0") == "0"  # the other ranks of a launch stop with the same code, silently
+    import signal
+
+    stopped_by = [signal.SIGINT]
+
+    def on_sigterm(signum: int, frame: Any) -> None:  # SIGTERM (kill, a cluster's scheduler) stops as Ctrl-C does
+        stopped_by[0] = signum
+        signal.signal(signal.SIGTERM, previous)  # a second one is not caught
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: signals stay as they are
+        previous = None
     try:
         check_run_dir_path(directory)
         path = run_training(r, directory)
@@ -334,14 +409,17 @@ def train(
         if main_rank:
             _fail(str(exc))
         raise typer.Exit(2)
-    except KeyboardInterrupt as exc:  # Ctrl-C: where it stopped (Interrupted says, once training), the command that resumes
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: where it stopped (Interrupted says, once training), the command that resumes
         import shlex
 
         if main_rank:
             where = str(exc) if isinstance(exc, Interrupted) else f"interrupted while setting up {directory} (nothing trained in this attempt); to go on"
             again = ["tea", "train", recipe, *(a for item in set_ for a in ("--set", item)), "--run-dir", str(directory)]
             typer.echo(f"{where}, run: {shlex.join(again)}", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(128 + stopped_by[0])
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if main_rank:
         typer.echo(f"run directory: {path}")
 
@@ -352,6 +430,7 @@ def train(
 
 @app.command()
 def study(
+    ctx: typer.Context,
     study_file: str = typer.Argument(..., help="Study name (e.g. uf_core250, see recipes/studies/) or a study YAML file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the stages (and their GPU) and whether each is done; run nothing."),
     launcher: Optional[str] = typer.Option(
@@ -359,18 +438,19 @@ def study(
         '"torchrun --nproc_per_node 8 -m" (replaces the study\'s launcher:; default: one process).',
     ),
     gpus: Optional[str] = typer.Option(
-        None, "--gpus", help="Run independent stages at the same time, one process per stage on one of these GPUs, "
-        "e.g. 0,1,2,3 (CUDA_VISIBLE_DEVICES and MASTER_PORT per stage; output in <runs_dir>/logs/<study>/).",
+        None, "--gpus", metavar="INDICES", help="GPU indices, comma-separated, e.g. 0,1,2,3 (not a count, unlike "
+        "`tea train --gpus`): run independent stages at the same time, one process per stage on one of these GPUs "
+        "(CUDA_VISIBLE_DEVICES and MASTER_PORT per stage; output in <runs_dir>/logs/<study>/).",
     ),
-    per_gpu: int = typer.Option(1, "--per-gpu", help="With --gpus: stages run at once on each GPU (small models)."),
+    per_gpu: int = typer.Option(1, "--per-gpu", help="With --gpus: the number of stages run at once on each GPU (small models)."),
     seeds: Optional[str] = typer.Option(
         None, "--seeds", help="Run only these of the study's seeds, e.g. 0,1: a study in parts (one machine each); "
         "the report is left out until a run without --seeds.",
     ),
     status_every: float = typer.Option(300.0, "--status-every", help="Seconds between progress summaries on stderr (0: none)."),
     estimate: bool = typer.Option(False, "--estimate", help="Print each run's predicted time and peak memory and the study's GPU-hours; run nothing (docs/reproducing.md)."),
-    card: str = typer.Option("h100", "--card", help="With --estimate: h100 or h200."),
-    gpus_per_run: int = typer.Option(8, "--gpus-per-run", min=1, help="With --estimate: GPUs each training run takes."),
+    card: str = typer.Option("h100", "--card", help="With --estimate only: the GPU model, h100 or h200."),
+    gpus_per_run: int = typer.Option(8, "--gpus-per-run", min=1, help="With --estimate only: the number of GPUs each training run takes."),
 ) -> None:
     """Train, evaluate and report a set of recipes as one comparison, skipping finished stages.
 
@@ -381,6 +461,8 @@ def study(
     from teacli.config import RecipeError, find_study
     from teacli.study import StagesFailed, StudyError, StudyInterrupted, load_study, parse_gpus, run_study
 
+    if not estimate:
+        _only_with(ctx, "--estimate", ("card", "gpus_per_run"))
     if estimate:
         from teacli.planner import estimate_study, format_study
 
@@ -677,7 +759,7 @@ def diagnose_tail_fit(
                        f"{e['degenerate']['too_few']} with fewer than 3 samples in the range); left out of the summary", err=True)
     for table in TF.tables(result):
         typer.echo(markdown(table))
-    typer.echo(f"wrote {len(written)} files to {out} (tail_fit.json, tables, plots)")
+    typer.echo(f"wrote {len(written)} files to {out} (tail_fit.json, tables{', plots' if plots else ''})")
 
 
 @diagnose_app.command("hacking")
@@ -773,6 +855,10 @@ def judge(
     except JudgeError as exc:
         _fail(str(exc))
         return
+    if summary.pairs and summary.wins + summary.losses == 0:  # a failed job, not a 0–0 result
+        _fail(f"every verdict was invalid ({summary.invalid} of {summary.pairs} pairs: no reply of {summary.model} parsed "
+              f"as a verdict); they are recorded in {summary.path} (fields error and raw); check --model and --base-url, "
+              f"then rerun with --retry-invalid", code=1)
     win = "–" if summary.win_rate is None else f"{100 * summary.win_rate:.1f}%"
     table = Table(title=f"judge {summary.model} ({summary.split})")
     for col in ("Self", "Sel.", "Other", "Pairs", "W–L", "Win", "Invalid"):
@@ -890,7 +976,7 @@ def report(
         show_default=False,
         metavar="RUN_DIR",
     ),
-    bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples (41 or more: a 95% interval's fewest)."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples, 41 (a 95% interval's fewest) to 100000."),
     bootstrap_levels: str = typer.Option(
         "auto", "--bootstrap-levels", help="What the intervals resample: prompts (the paired prompt bootstrap), seeds-prompts "
         "(two-level: a method's seeds, then prompts, paired across methods with the same seeds) or auto (seeds-prompts when "
@@ -945,7 +1031,13 @@ def report(
     for table in result.tables:
         if table.name in ("frontier", "endpoints", "win_tie_loss", "best_tta", "vs_base", "seeds", "judge"):
             typer.echo(markdown(table))
-    typer.echo(f"wrote {len(result.files)} files to {result.out} (report.md, report.tex, summary.json, tables, plots)")
+    for r in result.report.runs:  # a failed judge is left out of the judge table (report.md's notes say so too)
+        for j in r.judge:
+            if not j.win + j.loss:
+                typer.echo(f"{r.name}: judge/{j.other}-bo{j.N}.jsonl has no valid verdict ({j.invalid} invalid); left out "
+                           f"of the judge table (rerun tea judge with --retry-invalid)", err=True)
+    plotted = ", plots" if any(p.suffix == ".png" for p in result.files) else ""
+    typer.echo(f"wrote {len(result.files)} files to {result.out} (report.md, report.tex, summary.json, tables{plotted})")
 
 
 # ------------------------------------------------------------------------------------------------

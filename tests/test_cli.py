@@ -274,3 +274,54 @@ def test_a_cache_tea_cannot_create_names_tea_cache(tmp_path, monkeypatch):
     assert res.stderr.startswith("error: /proc/x")
     assert ("it is in tea's cache, TEA_CACHE=/proc/x: set TEA_CACHE to a directory tea can create and write (or unset "
             "it for ~/.cache/tea)") in " ".join(res.stderr.split())
+
+
+def test_a_rehearsal_too_big_for_cpu_is_refused_at_once(tmp_path, monkeypatch):
+    """Without CUDA, `tea train uf_llama1b_tea --rehearse` built the 8B reward model's stand-in in host memory and was
+    killed minutes later (exit 137, no word): now one line before anything is built, naming what it needs."""
+    import torch
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
+    res = CliRunner().invoke(app, ["train", "uf_llama1b_tea", "--rehearse"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    line = " ".join(res.stderr.split())
+    assert line.startswith("error: --rehearse runs the recipe's real shapes on GPUs: uf_llama1b_tea needs CUDA "
+                           "(policy ~1.2B, reward model ~7.5B parameters;"), line
+    assert "use --estimate on a CPU machine (tea train uf_llama1b_tea --estimate)" in line
+    assert list(tmp_path.iterdir()) == []  # no run directory, no lock, no stand-in in the cache
+
+
+def test_estimate_only_options_without_estimate_are_refused():
+    line = one_line_error(tea("train", "quickstart", "--gpus", "8", "--card", "h200", check=False))
+    assert line == "error: --card and --gpus apply only with --estimate, which was not given; add --estimate or drop --card and --gpus"
+    line = one_line_error(tea("study", "uf_core250", "--gpus-per-run", "4", check=False))
+    assert "--gpus-per-run applies only with --estimate" in line
+    line = one_line_error(tea("train", "quickstart", "--estimate", "--gpus", "0,1", check=False))
+    assert "tea train's --gpus is a count of GPUs" in line and "tea study's --gpus takes GPU indices" in line
+
+
+def test_gpus_help_says_count_or_indices():
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    def help_of(*command):
+        return " ".join(CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"}).output.replace("│", " ").split())
+
+    assert "the number of GPUs the run trains on, e.g. 8 (default 1). A count, not GPU indices" in help_of("train")
+    assert "GPU indices, comma-separated, e.g. 0,1,2,3 (not a count" in help_of("study")
+    assert "needs CUDA" in help_of("train")  # --rehearse
+
+
+def test_an_option_value_out_of_range_is_one_line():
+    """typer's min=/max= and type errors were a boxed multi-line message; they are bad input: one `error:` line."""
+    assert one_line_error(tea("train", "quickstart", "--steps", "0", check=False)).startswith("error: --steps: ")
+    assert one_line_error(tea("serve-rm", "quickstart", "--port", "70000", check=False)).startswith("error: --port: ")
+    assert one_line_error(tea("eval-bon", "x", "--n", "abc", check=False)).startswith("error: --n: ")
+    syntax = tea("train", "quickstart", "--no-such-option", check=False)  # a syntax error keeps the usage line
+    assert syntax.returncode == 2 and "Usage: tea train" in syntax.stderr

@@ -48,6 +48,35 @@ def test_base_inheritance_later_wins_and_overrides(tmp_path):
     assert r.name == "child"
 
 
+def test_a_recipe_without_a_name_is_named_after_its_own_file_not_its_base(tmp_path, monkeypatch):
+    """`base: quickstart.yaml` and no `name:` inherited `name: quickstart`, so the new recipe trained into
+    runs/quickstart (over the quickstart run). The name is the recipe's own, else its file's; --set still wins."""
+    monkeypatch.chdir(tmp_path)  # no ./recipes here: the packaged quickstart
+    mine = write(tmp_path / "my_try.yaml", "base: quickstart.yaml\noptim: {steps: 3}\n")
+    assert load_recipe(mine).name == "my_try" and load_recipe(mine).optim.steps == 3
+    assert load_recipe(mine, ["name=other"]).name == "other"
+    write(mine, "base: quickstart.yaml\nname: mine\n")
+    assert load_recipe(mine).name == "mine"
+    write(tmp_path / "named.yaml", "name: from_base\npolicy: {name_or_path: x}\ndata: {dir: d}\n")
+    assert load_recipe(write(tmp_path / "child.yaml", "base: named.yaml\n")).name == "child"
+
+
+def test_a_base_without_extension_is_found_like_a_recipe_name(tmp_path, monkeypatch):
+    """`base: quickstart` was "not found" although `tea train quickstart` finds recipes/quickstart.yaml."""
+    from teacli.config import find_recipe
+
+    monkeypatch.chdir(tmp_path)
+    child = write(tmp_path / "child.yaml", "base: quickstart\noptim: {steps: 3}\n")
+    r = load_recipe(child)
+    assert r.name == "child" and r.policy.name_or_path == load_recipe(find_recipe("quickstart")).policy.name_or_path
+    write(tmp_path / "frag.yaml", "optim: {steps: 5}\n")  # a fragment beside the file, by its stem
+    write(child, "base: [quickstart, frag]\n")
+    assert load_recipe(child).optim.steps == 5
+    write(child, "base: nosuch\n")
+    with pytest.raises(RecipeError, match=r"child.yaml: base recipe 'nosuch' not found"):
+        load_recipe(child)
+
+
 def test_unknown_key_names_key_and_file(tmp_path):
     write(tmp_path / "base.yaml", "optim: {lrr: 1.0}\n")
     child = write(tmp_path / "c.yaml", "base: base.yaml\n")

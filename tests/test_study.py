@@ -69,6 +69,7 @@ def test_study_names_resolve_like_recipe_names(tmp_path):
     ("recipes: [quickstart]\neval: {checkpoint: last}\n", "eval.checkpoint must be selected, base or step_N"),
     ("recipes: [quickstart]\neval: 256\n", "'eval' must be a mapping"),
     ("recipes: [quickstart]\nreport: {bootstrap: 0}\n", "report.bootstrap must be an integer >= 41, got 0"),
+    ("recipes: [quickstart]\nreport: {bootstrap: 1000000000}\n", "report.bootstrap must be an integer <= 100000, got 1000000000"),
     ("recipes: [quickstart]\nreport: {endpoints: 128}\n", "report.endpoints must be a list of N"),
     ("recipes: [quickstart]\npairs: {quickstart: quickstart}\n", "pairs.quickstart: a run cannot be its own baseline"),
     ("recipes: [quickstart]\npairs: {other: quickstart}\n", "pairs: run 'other' is not one of the study's runs"),

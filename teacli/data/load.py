@@ -5,15 +5,11 @@ evaluator need). `dir: builtin` (or `builtin-hard`) names a packaged prompt set,
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from teacli.cache import cache_dir
 from teacli.data.errors import DataError
 from teacli.types import Prompt
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TEA_CACHE", Path.home() / ".cache" / "tea"))
 
 
 def resolve_data_dir(data_dir: str) -> Path:

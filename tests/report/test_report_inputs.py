@@ -240,6 +240,45 @@ def test_a_base_arm_scored_by_another_reward_is_not_compared(two, tmp_path):
     assert "were scored with different rewards" in line and "reward.name_or_path='other/rm'" in line
 
 
+def sampled_with(path: Path, chat_template: str | None = None, **sampling) -> Path:
+    """Add what eval-bon records of the sampling (rollout.*) and, when the recipe sets one, policy.chat_template."""
+    settings = json.loads(path.read_text())
+    settings["sampling"] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 256, **sampling}
+    if chat_template is not None:
+        settings["chat_template"] = chat_template
+    path.write_text(json.dumps(settings))
+    return path
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"temperature": 0.5}, "sampling.temperature=1.0 ({run}), base_arm with sampling.temperature=0.5 ({arm})"),
+    ({"top_p": 0.9, "top_k": 50}, "sampling.top_p=1.0, sampling.top_k=0 ({run}), base_arm with sampling.top_p=0.9, sampling.top_k=50 ({arm})"),
+    ({"max_new_tokens": 64}, "sampling.max_new_tokens=256 ({run}), base_arm with sampling.max_new_tokens=64 ({arm})"),
+    ({"stop_tokens": ["<|user|>"]}, "sampling.stop_tokens=None ({run}), base_arm with sampling.stop_tokens=['<|user|>'] ({arm})"),
+    ({"chat_template": "{{ messages[0].content }}"}, "chat_template=None ({run}), base_arm with chat_template='{{{{ messages[0].content }}}}' ({arm})"),
+])
+def test_a_base_arm_sampled_otherwise_is_not_compared(two, tmp_path, change, said):
+    """Before, `tea report --base-arm` compared every run with a base arm evaluated at temperature 0.5 (or another
+    top_p / top_k, max_new_tokens, stop tokens or chat template) with exit 0: only the reward was checked."""
+    ours = [sampled_with(run_json(r, None)) for r in two]
+    arm = two[0].parent / "base_arm"
+    shutil.copytree(two[0] / "eval", arm / "eval" / "base")
+    shutil.copy(two[0] / "recipe.yaml", arm / "recipe.yaml")
+    arm_json = arm / "eval" / "base" / f"{SPLIT}-M{M}.run.json"
+    assert report(*two, "--base-arm", arm, "--out", tmp_path / "r").exit_code == 0  # the same settings: compared
+    shutil.rmtree(tmp_path / "r")
+    sampled_with(arm_json, **change)
+    line = error_line(report(*two, "--base-arm", arm, "--out", tmp_path / "r"))
+    assert "run grpo and the base arm base_arm were sampled with different settings" in line
+    assert "grpo with " + said.format(run=ours[0], arm=arm_json) in line
+    assert not (tmp_path / "r").exists()
+    # an evaluation that records no sampling is not checked; one that does is
+    ours[0].write_text(json.dumps({k: v for k, v in json.loads(arm_json.read_text()).items() if k not in ("sampling", "chat_template")}))
+    assert "run tea and the base arm" in error_line(report(*two, "--base-arm", arm, "--out", tmp_path / "r"))
+    sampled_with(ours[1], **change)
+    assert report(*two, "--base-arm", arm, "--out", tmp_path / "r").exit_code == 0
+
+
 @pytest.mark.parametrize("resamples", [1, 40])
 def test_too_few_resamples_for_a_95_interval_are_refused(two, tmp_path, resamples):
     """`--bootstrap 1` printed "+0.085 [+0.091, +0.091]": an interval that excluded its estimate."""
@@ -247,6 +286,15 @@ def test_too_few_resamples_for_a_95_interval_are_refused(two, tmp_path, resample
     line = error_line(res)
     assert f"--bootstrap {resamples}: a 95% percentile interval needs at least 41 resamples" in line
     res = CliRunner().invoke(app, ["report", *map(str, two), "--bootstrap", "41", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+
+
+def test_too_many_resamples_are_refused_naming_the_maximum(two, tmp_path):
+    """`--bootstrap 1000000000` tried to allocate [10^9, P] resampled indices (358 GiB): a MemoryError traceback."""
+    res = CliRunner().invoke(app, ["report", *map(str, two), "--bootstrap", "1000000000", "--out", str(tmp_path / "r")])
+    assert error_line(res).startswith("error: --bootstrap 1000000000: at most 100,000 resamples")
+    assert not (tmp_path / "r").exists()
+    res = CliRunner().invoke(app, ["report", *map(str, two), "--bootstrap", "100000", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
 
 

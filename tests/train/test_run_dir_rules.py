@@ -164,6 +164,29 @@ def test_a_start_that_fails_its_checks_writes_nothing(assets, tmp_path):
     assert "--checkpoint step_N (checkpoints: step_2)" in line and "--checkpoint base" in line
 
 
+def test_a_rehearsal_that_fails_after_setup_does_not_bind_the_corrected_command(assets, tmp_path):
+    """A start that fails after setup (here the reward raises in the untrained policy's validation; on a GPU, an
+    out-of-memory) has written recipe.yaml; with no checkpoint and no records kept, the corrected recipe starts over
+    instead of being refused as "a different recipe"."""
+    run = tmp_path / "run"
+    failing = recipe(assets, tmp_path, reward__function="rewards_for_tests:json_error_reward", rehearsal={"prompt_tokens": 24})
+    line = error_line(tea_train(failing, run, tmp_path, "--rehearse"))
+    assert "json_error_reward" in line and (run / "recipe.yaml").is_file()
+
+    fixed = recipe(assets, tmp_path, optim__steps=2, rehearsal={"prompt_tokens": 24})
+    proc = tea_train(fixed, run, tmp_path, "--rehearse")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{run} held an earlier start of another recipe (reward.function) that failed before its first checkpoint" in proc.stderr
+    assert steps(run) == [1, 2] and steps(run, "validation.jsonl") == [0, 2]
+    recorded = yaml.safe_load((run / "recipe.yaml").read_text())
+    assert recorded["reward"]["function"] == "rewards_for_tests:length_reward" and recorded["rehearsal"]["enabled"] is True
+    assert not (run / "reward_error.log").exists() and not (run / "resume.jsonl").exists()
+
+    # once a checkpoint exists, another recipe is refused as before
+    line = error_line(tea_train(failing, run, tmp_path, "--rehearse"))
+    assert "holds a different recipe" in line and "reward.function" in line
+
+
 def test_execution_keys_may_change_on_resume_and_are_recorded(assets, tmp_path):
     rec = recipe(assets, tmp_path, optim__steps=2)
     run = tmp_path / "run"
@@ -218,7 +241,8 @@ def test_execution_keys_may_change_on_resume_and_are_recorded(assets, tmp_path):
     assert "optim.steps: 2 → 8" in line and "optim.scheduler: cosine" in line
 
 
-def test_ctrl_c_says_where_it_stopped_and_the_command_resumes(assets, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; kill or a cluster scheduler's stop
+def test_ctrl_c_says_where_it_stopped_and_the_command_resumes(assets, tmp_path, signum):
     rec = recipe(assets, tmp_path, reward__function="rewards_for_tests:held_at_row_length_reward")
     run, hold = tmp_path / "run", tmp_path / "hold"
     # Held in step 4's reward call (metrics.jsonl has 3 rows; checkpoint 2 is the last), so the signal lands in
@@ -232,9 +256,9 @@ def test_ctrl_c_says_where_it_stopped_and_the_command_resumes(assets, tmp_path):
     while not (tmp_path / "hold.waiting").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "hold.waiting").exists(), proc.communicate()[1][-3000:]
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 128 + signum, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("interrupted in step 4 (") and f"of {run}; to resume from its last checkpoint, step 2, run: " in last
     again = shlex.split(last.split(", run: ", 1)[1])

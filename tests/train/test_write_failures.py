@@ -64,6 +64,26 @@ def test_a_full_disk_while_checkpointing_removes_the_partial_checkpoint(engine, 
     assert exc.value.filename == str(run.tmp_checkpoint(3)) and list(run.checkpoints.iterdir()) == []
 
 
+def test_a_checkpoint_respects_the_umask(engine, world, tmp_path):
+    """safetensors writes model.safetensors 0600 whatever the umask; a checkpoint's files get 0666 & ~umask like
+    any other file (here umask 027: readable by the group)."""
+    import os
+
+    from teacli.rundir import RunDir
+    from teacli.train import loop
+
+    tok, recipe, eng = engine
+    old = os.umask(0o027)
+    try:
+        path = loop.save_checkpoint(RunDir(tmp_path / "run"), eng, tok, recipe, world, 2, {"data_position": 4})
+    finally:
+        os.umask(old)
+    files = {p.relative_to(path).as_posix(): p.stat().st_mode & 0o777 for p in path.rglob("*")}
+    assert files["model.safetensors"] == 0o640
+    assert {m for p, m in files.items() if (path / p).is_file()} == {0o640}, files
+    assert {m for p, m in files.items() if (path / p).is_dir()} <= {0o750} and path.stat().st_mode & 0o777 == 0o750
+
+
 def test_a_missing_or_truncated_trainer_state_is_a_value_error_naming_it(engine, tmp_path):
     """DeepSpeed itself raised a bare AssertionError (missing folder) or an unpickling error (truncated file)."""
     from teacli.train import backend
