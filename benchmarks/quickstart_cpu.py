@@ -42,7 +42,7 @@ def set_mode(mode: str, recipe, engine, reference, rollout) -> None:
     from teacli import models
 
     before = mode == "before"
-    models.CPU_FP32_ATTENTION = not before  # the hf engine's sdpa_gqa prefill ran in bf16 before
+    models.attention.CPU_FP32_ATTENTION = not before  # the hf engine's sdpa_gqa prefill ran in bf16 before
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     if before:  # M_MMAP_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD back to glibc's steady state
         libc.mallopt(-4, 65536), libc.mallopt(-3, 32 << 20), libc.mallopt(-1, 64 << 20)
@@ -74,11 +74,13 @@ def main() -> None:
     from teacli.advantages import compute_advantages
     from teacli.config import load_recipe
     from teacli.train import backend, loop
+    from teacli.train.setup import setup
+    from teacli.train.update import train_step
 
     recipe = load_recipe(args.recipe)
     world = backend.init_world()
-    tokenizer, engine, reference, reward, train_prompts, _, rollout, _, _ = loop._setup(recipe, world, "off", "hf")  # hf engine: no correction
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    s = setup(recipe, world, "off", "hf")  # hf engine: no correction
+    engine, reference, reward, train_prompts, rollout, pad_id = s.engine, s.reference, s.reward, s.train_prompts, s.rollout, s.pad_id
     P = recipe.rollout.prompts_per_step
     steps: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     for r in range(args.rounds):
@@ -88,7 +90,7 @@ def main() -> None:
             sel, _, t_gen, _ = loop.generate_step(rollout, reward, train_prompts, recipe, world, r, r * P)
             advantages = compute_advantages(recipe.advantage.name, sel.rewards.double(), **recipe.advantage.params).float()
             t1 = time.perf_counter()
-            stats = loop.train_step(engine, reference, recipe, sel.prompt_ids, sel.groups, advantages, pad_id, world.device)
+            stats = train_step(engine, reference, recipe, sel.prompt_ids, sel.groups, advantages, pad_id, world.device)
             t2 = time.perf_counter()
             t_ref = stats["time_ref_logprobs"]
             row = {"generate": t_gen, "ref_logprobs": t_ref, "train": t2 - t1 - t_ref, "step": t2 - t0,

@@ -10,7 +10,7 @@ per step, beta = 0.1 (kl.estimator k2), bf16 with fp32 master weights, gradient 
 eager attention. The model is random-initialised from Llama-3.2-1B's shape (hidden 2048,
 16 layers, 32/8 heads, vocab 128,256, tied embeddings), so no download is needed; the reward is a
 cheap deterministic function of the text (the reward-model phase is not what this measures).
-The step itself is the trainer's: `teacli.train.loop.train_step` over a DeepSpeed engine from
+The step itself is the trainer's: `teacli.train.update.train_step` over a DeepSpeed engine from
 `teacli.train.backend`, generation by the `hf` rollout engine (under ZeRO-3 with gathered weights).
 `--small` shrinks everything for a CPU smoke run. `--grad-ckpt` is `policy.gradient_checkpointing`
 (default true: every layer; false; a number k: the first k layers; auto: the recipe rule, from
@@ -89,7 +89,8 @@ def allreduce_seconds(numel: int, dtype, device, repeats: int = 5, warmup: int =
 def prompt_runs(engine, reference, recipe, groups) -> int:
     """How many prompts the training forward ran: one per sequence, or with optim.share_prompts one per
     distinct prompt of each micro-batch (MFU counts the tokens actually computed)."""
-    from teacli.train.loop import micro_batches, shares_prompts
+    from teacli.train.batching import micro_batches
+    from teacli.train.update import shares_prompts
 
     seq_group = [p for p, g in enumerate(groups) for _ in g]
     if not shares_prompts(recipe, engine, reference):
@@ -139,7 +140,7 @@ def main() -> None:
     from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
-    from teacli.train.loop import train_step
+    from teacli.train.update import train_step
     from teacli.types import SamplingConfig
 
     world = backend.init_world()

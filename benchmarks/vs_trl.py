@@ -11,7 +11,7 @@ transformers on the training GPU. The model is random-initialised from Llama-3.2
 2048, 16 layers, 32/8 heads, vocabulary 128,256, tied embeddings); a random model almost never emits
 EOS, so every completion has 256 tokens. The reward is a cheap deterministic function of the text.
 
-  * tea: `teacli.train.loop.train_step` over a DeepSpeed ZeRO-2 engine (bf16, fp32 master weights),
+  * tea: `teacli.train.update.train_step` over a DeepSpeed ZeRO-2 engine (bf16, fp32 master weights),
     generation by the `hf` rollout engine with its defaults (sdpa_gqa attention, bucketed static
     cache, torch.compile on CUDA), TEA advantages, fused training kernels per --tea-kernels
     (policy.kernels); gradient checkpointing per --tea-grad-ckpt
@@ -133,7 +133,7 @@ def run_tea(args, device) -> dict:
     from teacli.logprobs import resolved_kind
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
-    from teacli.train.loop import shares_prompts, train_step
+    from teacli.train.update import shares_prompts, train_step
     from teacli.types import SamplingConfig
 
     world = backend.init_world()

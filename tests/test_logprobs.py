@@ -122,7 +122,7 @@ def test_shared_prompts_equal_concatenated_sequences(tok, attention):
     """Same log-probs and the same parameter gradients as running each prompt + completion whole."""
     from teacli.logprobs import can_share_prompts, shared_prompt_logprobs
     from teacli.models import attention_implementation
-    from teacli.train.loop import pack, pack_shared
+    from teacli.train.batching import pack, pack_shared
 
     model = make_causal_lm(tok).float().train()
     prompts, completions = shared_batch()
@@ -206,7 +206,7 @@ def test_completion_positions_found_on_the_host_change_nothing(tok):
     the device need not be waited for to find them: the same log-probs and parameter gradients as without, for the
     whole sequences and the shared-prompt path."""
     from teacli.logprobs import completion_index, shared_prompt_logprobs
-    from teacli.train.loop import pack, pack_shared
+    from teacli.train.batching import pack, pack_shared
 
     model = make_causal_lm(tok).float().train()
     prompts, completions = shared_batch()

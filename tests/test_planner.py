@@ -85,7 +85,7 @@ def test_estimate_of_the_paper_recipe_adds_up():
 
 
 def test_each_gpu_validates_its_share_of_the_prompts():
-    """Validation is split over the GPUs (teacli.train.loop.validation_share): on 8 GPUs each generates and scores
+    """Validation is split over the GPUs (teacli.train.validation.validation_share): on 8 GPUs each generates and scores
     ceil(prompts / 8) x samples sequences, what one GPU does for that many prompts; a validation no longer costs the
     same on any number of GPUs."""
     import copy

@@ -1,5 +1,5 @@
-"""benchmarks/quickstart_cpu.py builds tea train's trainer through the loop's own _setup and times a before
-and an after step, here on the tests' tiny policy (it had fallen out of step with _setup's return values)."""
+"""benchmarks/quickstart_cpu.py builds tea train's trainer through the trainer's own setup (teacli.train.setup) and times a before
+and an after step, here on the tests' tiny policy (it had fallen out of step with setup's return values)."""
 
 from __future__ import annotations
 

@@ -452,28 +452,18 @@ def _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_
     import torch
 
     from teacli import models
-    from teacli.rewards import build_reward, checked_score
-    from teacli.rollout.base import sampling_from, stop_token_ids
-    from teacli.rollout.factory import build_engine
+    from teacli.session import Sampler, encode_prompts, open_tokenizer, policy_config
 
     t_start = time.perf_counter()
     _check_settings(files, settings, log)
 
-    policy_cfg = loaded.policy
-    if ckpt.path is not None:  # an HF checkpoint with its tokenizer; LoRA adapters were merged on save
-        policy_cfg = dataclasses.replace(policy_cfg, name_or_path=str(ckpt.path.resolve()), gguf_file=None,
-                                         revision=None, lora=dataclasses.replace(policy_cfg.lora, enabled=False))
+    policy_cfg = policy_config(loaded.policy, ckpt.path)  # a checkpoint loads with its own tokenizer
     try:
-        tokenizer = models.load_tokenizer(policy_cfg)
-        stop_token_ids(tokenizer, recipe.rollout.stop_tokens)  # a stop token that is not one token stops before any file is written
+        tokenizer = open_tokenizer(policy_cfg, recipe.rollout.stop_tokens)  # a bad stop token stops before any file is written
     except ValueError as exc:
         raise EvalError(str(exc)) from None
-    kept, prompt_ids = [], []
-    for p in prompts:
-        ids = models.encode_chat(tokenizer, p.messages, add_generation_prompt=True)
-        if len(ids) <= recipe.data.max_prompt_tokens:
-            kept.append(p)
-            prompt_ids.append(ids)
+    encoded, _ = encode_prompts(tokenizer, prompts, recipe.data.max_prompt_tokens)
+    kept, prompt_ids = [p for p, _ in encoded], [ids for _, ids in encoded]
     skipped = len(prompts) - len(kept)
     if not kept:
         raise EvalError(f"every prompt of split {split!r} exceeds data.max_prompt_tokens={recipe.data.max_prompt_tokens}")
@@ -520,35 +510,21 @@ def _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_
         if device.type == "cpu":
             models.keep_cpu_memory()
         try:
-            model = models.load_policy(policy_cfg, device=device).eval()
-            reward = build_reward(loaded.reward, device=device, tokenizer=tokenizer)
+            sampler = Sampler.open(recipe, policy_cfg, tokenizer, device, reward=loaded.reward,
+                                   rollout=dataclasses.replace(recipe.rollout, engine=settings["engine"]))
         except ValueError as exc:
             raise EvalError(str(exc)) from None
-        # The options reach the vllm engine only; it starts from placeholder weights and gets the
-        # checkpoint's through load_weights (a no-op for the hf engine, which samples with `model`).
-        engine = build_engine(dataclasses.replace(recipe.rollout, engine=settings["engine"]), model, tokenizer, policy=policy_cfg, seed=recipe.seed,
-                              max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
-                              sampler_logprobs=False)  # nothing here reads them (vllm: only the sync check's)
-        engine.load_weights(model.named_parameters())
-        engine.wake()
-        sampling = sampling_from(recipe.rollout)
-        bs = recipe.eval.score_batch_size
         done = resumed
         for members in call_groups(order, M, recipe.rollout.batch_size):
             if all(len(have[order[i]]) == M for i in members):
                 continue
-            samples = engine.generate([prompt_ids[i] for i in members], M, sampling,
-                                      group_seed(recipe.seed, [order[i] for i in members]))
+            samples = sampler.generate([prompt_ids[i] for i in members], M, group_seed(recipe.seed, [order[i] for i in members]))
             for i, group in zip(members, samples):
                 prompt = kept[i]
                 missing = [s for s in range(M) if s not in have[prompt.id]]
                 if not missing:  # complete on disk; regenerated only because a group member was not
                     continue
-                texts = [group[s].text for s in missing]
-                scores: list[float] = []
-                for start in range(0, len(texts), bs):
-                    chunk = texts[start : start + bs]
-                    scores.extend(checked_score(reward, [prompt] * len(chunk), chunk).tolist())
+                scores = sampler.score(prompt, [group[s].text for s in missing])
                 append_records(files.records, [
                     {"prompt_id": prompt.id, "sample": s, "response": group[s].text, "reward": r, "tokens": len(group[s].token_ids)}
                     for s, r in zip(missing, scores)

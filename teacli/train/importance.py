@@ -48,7 +48,7 @@ def resolve_is_correction(setting: str, engine: str) -> str:
 
 def pack_rollout_logprobs(logprobs: Sequence[Sequence[float] | None], width: int, device=None) -> "Tensor":
     """The sampler's per-token log-probs of B completions → [B, width], zero-padded on the right
-    (aligned with `teacli.train.loop.pack`'s completion mask)."""
+    (aligned with `teacli.train.batching.pack`'s completion mask)."""
     import torch
 
     out = torch.zeros((len(logprobs), width), dtype=torch.float32)

@@ -32,7 +32,7 @@ def test_auto_checkpoints_some_layers_and_the_step_fits(cuda):
     from teacli import models
     from teacli.config import Recipe
     from teacli.train import backend
-    from teacli.train.loop import shares_prompts, train_step
+    from teacli.train.update import shares_prompts, train_step
     from teacli.types import Completion
 
     world = backend.init_world()

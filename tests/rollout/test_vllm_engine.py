@@ -76,7 +76,7 @@ def fresh(engine, model):
 
 
 class PlainEngine:
-    """The slice of DeepSpeedEngine that `teacli.train.loop.train_step` uses, around a plain module and SGD."""
+    """The slice of DeepSpeedEngine that `teacli.train.update.train_step` uses, around a plain module and SGD."""
 
     global_steps = 0  # DeepSpeed's optimizer update counter (train_step records it)
 
@@ -373,7 +373,8 @@ class TestOneEngine:
         on both sides give weights ≈ 1 (fp32: the kernels differ, the math does not)."""
         from teacli.config import Recipe
         from teacli.train.importance import is_weights
-        from teacli.train.loop import pack, train_step
+        from teacli.train.batching import pack
+        from teacli.train.update import train_step
 
         recipe = Recipe()
         recipe.kl.beta, recipe.optim.micro_batch_size, recipe.rollout.is_cap = 0.0, 5, 2.0

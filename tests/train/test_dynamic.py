@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from teacli.train.dynamic import Round, collect, informative, select
-from teacli.train.loop import prompt_order, stream_prompts
+from teacli.train.batching import prompt_order, stream_prompts
 
 M = 4  # group size
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(TESTS))
 
 
 def test_micro_batches_are_exactly_n_sorted_and_even():
-    from teacli.train.loop import micro_batches
+    from teacli.train.batching import micro_batches
 
     lengths = [9, 3, 7, 3, 12, 5, 1]
     batches = micro_batches(lengths, 3)
@@ -68,7 +68,7 @@ def full_batch_gradient(model, reference, recipe, prompt_ids, groups, advantages
     import torch
 
     from teacli.logprobs import token_logprobs
-    from teacli.train.loop import pack
+    from teacli.train.batching import pack
     from teacli.train.loss import policy_loss
 
     seq_prompt = [prompt_ids[p] for p, g in enumerate(groups) for _ in g]
@@ -110,7 +110,7 @@ def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, shar
 
     import teacli.logprobs
     from teacli.train import backend
-    from teacli.train.loop import train_step
+    from teacli.train.update import train_step
 
     tok, recipe, engine, reference, twin = build(world, zero_stage=0, max_grad_norm=0.0, micro=4, nominal_seqs=9)
     recipe.optim.share_prompts = share_prompts
@@ -146,7 +146,7 @@ def test_every_micro_batch_reaches_the_device_before_the_first_forward():
     device stands in for a GPU here); an empty micro-batch is a zero-weight pass over the first one's first sequence."""
     import torch
 
-    from teacli.train.loop import pack, pack_shared, packed_micro_batches
+    from teacli.train.batching import pack, pack_shared, packed_micro_batches
 
     prompt_ids, groups = make_batch(2, 3, seed=1, vocab=50, eos=2)
     seq_prompt = [prompt_ids[p] for p, g in enumerate(groups) for _ in g]
@@ -174,7 +174,7 @@ def test_every_micro_batch_reaches_the_device_before_the_first_forward():
 def test_zero2_grad_norm_is_the_pre_clip_norm(world, max_grad_norm):
     import torch
 
-    from teacli.train.loop import train_step
+    from teacli.train.update import train_step
 
     tok, recipe, engine, reference, twin = build(world, zero_stage=2, max_grad_norm=max_grad_norm, micro=3, nominal_seqs=8)
     prompt_ids, groups = make_batch(2, 4, seed=5, vocab=len(tok), eos=tok.eos_token_id)
@@ -261,7 +261,7 @@ def test_a_non_finite_gradient_norm_stops_the_step_with_one_line(world, zero_sta
     import torch
 
     from teacli.train.errors import TrainError
-    from teacli.train.loop import train_step
+    from teacli.train.update import train_step
 
     tok, recipe, engine, reference, _ = build(world, zero_stage=zero_stage, max_grad_norm=1.0, micro=4, nominal_seqs=8)
     prompt_ids, groups = make_batch(2, 4, seed=7, vocab=len(tok), eos=tok.eos_token_id)

@@ -21,7 +21,7 @@ def test_train_step_with_compiled_layers_has_the_eager_gradient_under_zero2(worl
     from teacli.config import Recipe
     from teacli.kernels import apply_kernels
     from teacli.train import backend
-    from teacli.train.loop import shares_prompts, train_step
+    from teacli.train.update import shares_prompts, train_step
 
     tok = make_tokenizer()
     recipe = Recipe()

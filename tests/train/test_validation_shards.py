@@ -1,4 +1,4 @@
-"""Validation split over ranks (teacli/train/loop.py): rank r validates prompts r, r + world, …, and the ranks'
+"""Validation split over ranks (teacli/train/validation.py): rank r validates prompts r, r + world, …, and the ranks'
 parts merge into the result one process computes from the same samples. No model: a stand-in rollout and reward
 whose samples depend only on the prompt, so every split sees the same samples."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from teacli.config import Recipe
-from teacli.train import loop
+from teacli.train import validation as loop
 from teacli.types import Completion
 
 SAMPLES = 4

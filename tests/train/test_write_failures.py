@@ -40,7 +40,7 @@ def test_a_full_disk_while_checkpointing_removes_the_partial_checkpoint(engine, 
     from safetensors import SafetensorError
 
     from teacli.rundir import RunDir
-    from teacli.train import loop
+    from teacli.train import checkpoint as loop
 
     tok, recipe, eng = engine
     run = RunDir(tmp_path / "run")
@@ -70,7 +70,7 @@ def test_a_checkpoint_respects_the_umask(engine, world, tmp_path):
     import os
 
     from teacli.rundir import RunDir
-    from teacli.train import loop
+    from teacli.train import checkpoint as loop
 
     tok, recipe, eng = engine
     old = os.umask(0o027)

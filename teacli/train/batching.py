@@ -1,0 +1,139 @@
+"""How a step's sequences become batches: the data stream's order, exactly n micro-batches, padding and packing.
+
+`stream_prompts` names the prompts of a data position (seeded epochs, identical on resume); `micro_batches` cuts a
+rank's sequences into exactly the engine's gradient-accumulation count of length-sorted micro-batches, so a step is
+one optimizer update whatever the lengths; `pack` / `pack_shared` pad them (the prompt left, the completion right;
+shared: each distinct prompt once, for `logprobs.shared_prompt_logprobs`); `packed_micro_batches` moves them to the
+device before the first forward; `token_counts` says what each phase processed.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from teacli.types import Completion
+
+
+@lru_cache(maxsize=2)
+def prompt_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
+    """The data order of one pass over n prompts: a seeded permutation, identical on resume.
+
+    Cached: every step reads the current epoch's order, which is shuffled once.
+    """
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
+def stream_prompts(prompts: list[Any], start: int, count: int, seed: int) -> list[Any]:
+    """The prompts at positions [start, start + count) of the run's data stream: epoch after epoch
+    of seeded permutations, so a position always names the same prompt (resume replays nothing twice)."""
+    n = len(prompts)
+    out = []
+    for k in range(start, start + count):
+        epoch, pos = divmod(k, n)
+        out.append(prompts[prompt_order(n, seed, epoch)[pos]])
+    return out
+
+
+def micro_batches(lengths: list[int], n: int, groups: list[int] | None = None) -> list[list[int]]:
+    """Exactly `n` micro-batches of sequence indices: sorted by length (by group, then length, when
+    `groups` is given: the sequences of a prompt stay together), then split evenly.
+
+    Sizes differ by at most one (the shorter sequences get the larger batches); with fewer sequences
+    than `n`, the last ones are empty. Exactly `n` backward passes make the last one DeepSpeed's
+    gradient-accumulation boundary by construction, whatever the number of sequences.
+    """
+    key = (lambda i: lengths[i]) if groups is None else (lambda i: (groups[i], lengths[i]))
+    order = sorted(range(len(lengths)), key=key)
+    q, r = divmod(len(order), n)
+    out, start = [], 0
+    for k in range(n):
+        size = q + (k < r)
+        out.append(order[start : start + size])
+        start += size
+    return out
+
+
+def _padded(rows: list[list[int]], pad_id: int, left: bool) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Token rows padded to the longest (at least 1 column) on the left or the right: ids and mask [R, W] (CPU)."""
+    import torch
+
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            cols = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[i, cols] = torch.tensor(r, dtype=torch.long)
+            mask[i, cols] = 1
+    return ids, mask
+
+
+def pack(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", int]:
+    """Left-pad prompts and right-pad completions into one batch.
+
+    Returns input_ids [B, Lp+Tc], attention_mask [B, Lp+Tc], completion mask [B, Tc], Lp.
+    """
+    import torch
+
+    p_ids, p_mask = _padded(prompt_ids, pad_id, left=True)
+    c_ids, c_mask = _padded(completions, pad_id, left=False)
+    input_ids, attn = torch.cat([p_ids, c_ids], dim=1), torch.cat([p_mask, c_mask], dim=1)
+    return input_ids.to(device), attn.to(device), c_mask.to(device), p_ids.shape[1]
+
+
+def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", ...]:
+    """The sequences of `pack` with each distinct prompt once (for `logprobs.shared_prompt_logprobs`).
+
+    Returns prompt ids and mask [U, Lp] (left-padded), row_of [B] (each sequence's prompt), completion
+    ids and mask [B, Tc] (right-padded).
+    """
+    import torch
+
+    distinct: dict[tuple[int, ...], int] = {}
+    row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
+    p_ids, p_mask = _padded([list(p) for p in distinct], pad_id, left=True)
+    c_ids, c_mask = _padded(completions, pad_id, left=False)
+    return tuple(t.to(device) for t in (p_ids, p_mask, torch.tensor(row_of), c_ids, c_mask))
+
+
+def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tensor", batches: list[list[int]], shared: bool,
+                         pad_id: int, device, seq_rollout_logp: list | None = None) -> list[tuple]:
+    """(weight, batch, advantages, sampler log-probs) of every micro-batch, on `device`: the batch as `pack_shared`
+    (shared) or `pack` builds it, plus its completion positions (`logprobs.completion_index`, found on the host); the
+    sampler's log-probs (`importance.pack_rollout_logprobs`) where `seq_rollout_logp` is given, else None.
+
+    Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
+    the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
+    while the host built and launched the next one (the 1B paper recipe's training was host-bound at 8 sequences a
+    micro-batch: docs/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
+    micro-batches) is a zero-weight pass over the first one's first sequence: the count stays the engine's."""
+    from teacli.logprobs import completion_index
+    from teacli.train.importance import pack_rollout_logprobs
+
+    out = []
+    for idx in batches:
+        weight = 1.0 if idx else 0.0
+        idx = idx or batches[0][:1]
+        batch = (pack_shared if shared else pack)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
+        cmask = batch[-1] if shared else batch[2]
+        moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, completion_index(cmask)))
+        rollout = None
+        if seq_rollout_logp is not None:
+            rollout = pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1], device)
+        out.append((weight, moved, seq_adv[idx].to(device), rollout))
+    return out
+
+
+def token_counts(prompt_ids: list[list[int]], groups: list[list[Completion]]) -> dict[str, int]:
+    """Tokens a step's phases process: prompt tokens once per prompt (generation's prefill, with the prompt
+    shared) and once per sequence (reference and training), and the completions' tokens."""
+    return {"tokens_prompt_unique": sum(len(ids) for ids in prompt_ids),
+            "tokens_prompt": sum(len(ids) * len(g) for ids, g in zip(prompt_ids, groups)),
+            "tokens_completion": sum(len(c.token_ids) for g in groups for c in g)}
