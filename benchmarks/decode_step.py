@@ -62,7 +62,7 @@ def folded_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return out.reshape(batch, 1, heads, dim).to(query.dtype), None
 
 
-ENGINE_ATTENTION = None  # teacli.models.sdpa_gqa_attention, kept before the variants replace it
+ENGINE_ATTENTION = None  # teacli.models.attention.sdpa_gqa_attention, kept before the variants replace it
 
 
 def timed(fn, device, n=30, warm=5) -> float:
@@ -98,7 +98,7 @@ def main() -> None:
     from transformers import LlamaForCausalLM
 
     import teacli.logprobs as logprobs
-    import teacli.models as models
+    import teacli.models.attention as gqa  # register_sdpa_gqa registers the sdpa_gqa_attention of this module
     import teacli.rollout.hf as hf
     from teacli.types import SamplingConfig
 
@@ -135,11 +135,11 @@ def main() -> None:
     mask = torch.ones(rows, 1, 1, cache_len, dtype=torch.bool, device=device)
     mask[:, ..., : cache_len // 8] = False  # some left padding, as the bucketed cache has
     module = torch.nn.Module()
-    ref, _ = models.sdpa_gqa_attention(module, q, k, v, mask)
+    ref, _ = gqa.sdpa_gqa_attention(module, q, k, v, mask)
     print(f"\n### attention: one decode step of one layer, [{rows}, {heads}/{kv_heads} heads, 1 query, {cache_len} keys]\n")
     print("| attention | ms | GB/s of K/V read | max abs diff from gqa |\n|---|---|---|---|")
     kv_bytes = 2 * k.numel() * k.element_size()
-    for label, fn in (("gqa", models.sdpa_gqa_attention), ("folded", folded_attention)):
+    for label, fn in (("gqa", gqa.sdpa_gqa_attention), ("folded", folded_attention)):
         ms = timed(lambda: fn(module, q, k, v, mask), device)  # noqa: B023
         diff = (fn(module, q, k, v, mask)[0].float() - ref.float()).abs().max().item()
         print(f"| {label} | {ms:.3f} | {kv_bytes / ms / 1e6:,.0f} | {diff:.1e} |")
@@ -152,7 +152,7 @@ def main() -> None:
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens)
     global ENGINE_ATTENTION
     real_steps = hf.HFEngine._draw_steps
-    ENGINE_ATTENTION = engine_attention = models.sdpa_gqa_attention
+    ENGINE_ATTENTION = engine_attention = gqa.sdpa_gqa_attention
 
     def before_steps(self, processors, compiled):
         return list(processors[:-1]), before_pick
@@ -163,7 +163,7 @@ def main() -> None:
     firsts: dict[str, float] = {}
     for label in [*variants, *variants]:
         steps, attention = variants[label]
-        hf.HFEngine._draw_steps, models.sdpa_gqa_attention = steps, attention
+        hf.HFEngine._draw_steps, gqa.sdpa_gqa_attention = steps, attention
         try:
             engine = hf.HFEngine(model, tokenizer, batch_size=rows)
 
@@ -177,7 +177,7 @@ def main() -> None:
             firsts.setdefault(label, call())
             results.setdefault(label, []).extend(call() for _ in range(args.repeats))
         finally:
-            hf.HFEngine._draw_steps, models.sdpa_gqa_attention = real_steps, engine_attention
+            hf.HFEngine._draw_steps, gqa.sdpa_gqa_attention = real_steps, engine_attention
         print(f"{label}: {statistics.median(results[label]):.3f} s", file=sys.stderr, flush=True)
     tokens = rows * new_tokens
     base = statistics.median(results["before"])

