@@ -715,7 +715,7 @@ def diagnose_alignment(
     except (AL.AlignmentError, DataError, ValueError) as exc:
         _fail(str(exc))
         return
-    from teacli.report.tables import markdown
+    from teacli.tables import markdown
 
     meta = json.loads((out / "alignment.run.json").read_text())
     typer.echo(markdown(AL.tables(table, meta)[0]))
@@ -742,7 +742,7 @@ def diagnose_tail_fit(
 ) -> None:
     """Gaussian QQ upper-tail check per prompt and a best-of-N prediction from eval records (no model)."""
     from teacli.diagnostics import tail_fit as TF
-    from teacli.report.tables import markdown
+    from teacli.tables import markdown
 
     try:
         TF.check_arguments(q_low, q_high, fit_samples, max_n, alpha)
@@ -772,7 +772,7 @@ def diagnose_hacking(
     import gzip
     import json
 
-    from teacli.diagnostics import hacking as H
+    from teacli.monitors import hacking as H
 
     try:
         patterns = H.compile_patterns(pattern)
@@ -1004,7 +1004,7 @@ def report(
     Markdown, LaTeX and CSV plus frontier.png and delta.png (docs/evaluation.md).
     """
     from teacli.report.build import ReportError, build_report, default_report_runs
-    from teacli.report.tables import markdown
+    from teacli.tables import markdown
 
     try:
         ends = [int(x) for x in endpoints.replace(" ", "").split(",") if x] if endpoints else None

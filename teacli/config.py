@@ -144,6 +144,16 @@ def judge_template_problem(template: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class RuleParams:
+    """The rule reward's parameters (`reward.params` when `reward.kind: rule`; teacli/rewards/rule.py), with their
+    ranges: the loader checks `reward.params` against these fields, so a bad value is an error naming
+    `reward.params.<key>` and the file before anything runs."""
+
+    tolerance: float = field(0.5, "τ of the partial-credit decay exp(−d/τ).", gt=0.0)
+    tie_break: float = field(0.02, "ε: weight of the distinct-word ratio.", ge=0.0, lt=1.0)
+
+
 @dataclass
 class RewardConfig:
     kind: Literal["hf", "rule", "python", "remote", "lm_judge"] = field(
@@ -1040,8 +1050,6 @@ def _check_reward_params(r: RewardConfig, origin: dict[str, str]) -> None:
     """reward.params against what the reward accepts: the rule reward's typed parameters and their ranges;
     a python reward's signature (unless it takes **kwargs); none for a reward model."""
     if r.kind == "rule":
-        from teacli.rewards.rule import RuleParams  # a leaf module: the rule reward's parameters
-
         build(RuleParams, r.params, origin, "reward.params.")
     elif r.kind in ("hf", "lm_judge") and r.params:
         raise RecipeError(f"reward.params: kind {r.kind!r} takes no parameters, got {', '.join(map(str, r.params))}{_where(origin, 'reward.params')}")

@@ -21,11 +21,11 @@ parameter (every parameter but the input embedding; a tied embedding counts once
 4 × layers × heads × head size × (context / 2) for causal attention; backward costs twice the forward (once, for
 the activation gradients only, where LoRA freezes the weights) and a checkpointed layer's forward runs again.
 
-Memory per GPU: the trainer's states (`teacli.train.backend.model_state_bytes`'s rule: 2 bytes a weight, a
-reference copy, 2 of gradient and 12 of optimizer state a trainable parameter, each divided as the ZeRO
-stage shards it), the reward model's weights, and the larger of generation's (vllm: its weights and KV
-cache, sized as `rollout.kv_cache_gib: auto` sizes it; hf: its static cache) and training's activations
-(`backend.activation_bytes`).
+Memory per GPU, by the trainer's and the vllm engine's own rules (`teacli.memory`): the trainer's states
+(`state_bytes`: 2 bytes a weight, a reference copy, 2 of gradient and 12 of optimizer state a trainable parameter,
+each divided as the ZeRO stage shards it), the reward model's weights, and the larger of generation's (vllm: its
+weights and KV cache, sized as `rollout.kv_cache_gib: auto` sizes it, `memory_plan`; hf: its static cache) and
+training's activations (`activation_bytes`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from teacli.config import Recipe
 
+from teacli.memory import activation_bytes, memory_plan, state_bytes
 from teacli.standins import Shape, model_shape
 
 _GiB = 2**30
@@ -246,7 +247,7 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     }
     micro = math.ceil(seqs / recipe.optim.micro_batch_size)
     zero = 0.0 if gpus == 1 else micro * (cal["zero3_micro_s"] if recipe.backend.zero_stage == 3 else cal["zero2_micro_s"])
-    # launching the kernels: a forward's passes over the layers of each micro-batch (teacli.train.loop.shares_prompts:
+    # launching the kernels: a forward's passes over the layers of each micro-batch (teacli.train.update.shares_prompts:
     # the shared-prompt path, two passes, where nothing is checkpointed); training: the backward's two more, the recompute;
     # and training's least time a micro-batch, whatever its passes
     passes = 2 if recipe.optim.share_prompts and layers_ckpt == 0 else 1
@@ -327,9 +328,7 @@ def _split_size(split: str, data_dir: str | None = None) -> int:
 
 def _vllm_kv_bytes(recipe: "Recipe", pol: Shape, card: Card, held: float, sequences: int) -> float:
     """The KV cache a vllm engine gets beside `held` bytes of the trainer (0: eval-bon, alone on its GPU), sized for
-    `sequences` at once as `teacli.rollout.vllm_engine.memory_plan` sizes it."""
-    from teacli.rollout.vllm_engine import memory_plan
-
+    `sequences` at once as the engine sizes it (`teacli.memory.memory_plan`)."""
     r = recipe.rollout
     free = max(0, int(card.memory_gib * _GiB - held))
     kwargs, _ = memory_plan(r.gpu_memory_utilization, r.kv_cache_gib, r.sleep, free=free, total=int(card.memory_gib * _GiB),
@@ -341,12 +340,11 @@ def _vllm_kv_bytes(recipe: "Recipe", pol: Shape, card: Card, held: float, sequen
 
 def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Card, engine: str, seqs: int, ctx: int,
             layers_ckpt: int) -> dict[str, float]:
-    from teacli.train.backend import activation_bytes, state_bytes
-
     b = recipe.backend
     lora = recipe.policy.lora.enabled
     n_train = lora_params(pol, recipe.policy.lora.r, recipe.policy.lora.target_modules) if lora else pol.params
-    states = state_bytes(recipe, pol.params, n_train, gpus)
+    states = state_bytes(pol.params, n_train, gpus, zero_stage=b.zero_stage, kl_beta=recipe.kl.beta, lora=lora,
+                         offload_optimizer=b.offload_optimizer)
     reward = 2 * rm.params if rm else 0
     held = states + reward
     mb = recipe.optim.micro_batch_size

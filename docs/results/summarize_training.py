@@ -4,7 +4,7 @@ so docs/results.md quotes a file rather than typed numbers. `table(RUNS_DIR)` re
 same layout (the records restored by `docs/results/gpu/collect.py --restore ... --records docs/results/runs`).
 
 The tail-check column is the run's tail_check_warning.txt where it is kept, else the training's own tail check
-(teacli.diagnostics.tail_check.TailCheck, writing nothing) replayed on the logged `tail_r2_median` with the
+(teacli.monitors.tail_check.TailCheck, writing nothing) replayed on the logged `tail_r2_median` with the
 recipe's `advantage.tail_check_r2` and `tail_check_window` (collect.py does not keep the warning file).
 """
 
@@ -27,7 +27,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 def tail_check_warned(run: Path, rows: list[dict], threshold: float | None, window: int) -> bool:
     """Whether the run's tail check warned: its warning file, or TailCheck replayed on its metrics rows."""
-    from teacli.diagnostics.tail_check import TailCheck
+    from teacli.monitors.tail_check import TailCheck
 
     check = TailCheck(threshold, window, run, note=lambda text: None, is_main=False)  # is_main False: writes nothing
     return check.warned or any([check.observe(r) is not None for r in rows])

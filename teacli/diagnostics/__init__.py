@@ -1,1 +1,2 @@
-"""Diagnostics of the estimators that need no model: synthetic frontier, oracle alignment, QQ tail fit."""
+"""`tea diagnose`: the synthetic Prefix-TEA frontier, oracle-gradient alignment, the QQ tail fit. The watches that
+training and reports share (reward hacking, the tail check) are in teacli/monitors/."""

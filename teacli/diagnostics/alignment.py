@@ -686,7 +686,7 @@ def public(table: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, d
 
 
 def tables(table: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any]) -> list:
-    from teacli.report.tables import Table
+    from teacli.tables import Table
 
     ms = meta["m"]
     caption = (f"Actual-gradient cosine similarity to the empirical expected-best-of-{meta['N']} oracle gradient as the "
@@ -731,7 +731,7 @@ def plot(table: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any], path
 
 
 def write_outputs(table: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any], out: Path) -> list[Path]:
-    from teacli.report.tables import csv_text, latex, markdown
+    from teacli.tables import csv_text, latex, markdown
     from teacli.rundir import write_text_atomic
 
     written = [out / "alignment.json", out / "alignment.run.json"]

@@ -235,7 +235,7 @@ def _public(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def tables(result: dict[str, Any]) -> list:
-    from teacli.report.tables import Table
+    from teacli.tables import Table
 
     lo, hi = result["q_range"]
     check = Table("tail_fit", f"Gaussian QQ upper-tail fit: q in [{lo:.2f}, {hi:.2f}], per prompt; entries summarize "
@@ -335,7 +335,7 @@ def plot_prediction(result: dict[str, Any], path: Path) -> None:
 
 def write_outputs(result: dict[str, Any], runs: Sequence[RunRewards], out: Path, plots: bool = True) -> list[Path]:
     """tail_fit.json, the tables (md, tex, csv) and the plots under `out`, each file written atomically."""
-    from teacli.report.tables import csv_text, latex, markdown
+    from teacli.tables import csv_text, latex, markdown
     from teacli.rundir import write_text_atomic
 
     if out.exists() and not out.is_dir():

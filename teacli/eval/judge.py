@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import json
 import logging
 import math
@@ -44,13 +43,13 @@ import os
 import random
 import re
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 from urllib.parse import urlsplit
 
 import httpx
 
+from teacli.http import backoff_delay, is_local_url, retry_after_seconds
 from teacli.rundir import exclusive, finished_evals
 
 log = logging.getLogger(__name__)
@@ -372,18 +371,6 @@ def parse_verdict(text: str) -> Verdict:
 # API key and endpoint
 
 
-def is_local_url(url: str) -> bool:
-    """Loopback or private-network host (a local `vllm serve`), where no API key is needed."""
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified
-
-
 def resolve_api_key(base_url: str, env_var: str, environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """The key from `env_var`; None for a local endpoint without one; JudgeError otherwise."""
     key = environ.get(env_var, "").strip()
@@ -400,31 +387,6 @@ def resolve_api_key(base_url: str, env_var: str, environ: Mapping[str, str] = os
 def completions_url(base_url: str) -> str:
     base = base_url.rstrip("/")
     return base if base.endswith("/chat/completions") else base + "/chat/completions"
-
-
-def _retry_after(value: Optional[str]) -> Optional[float]:
-    """Seconds from a Retry-After header (delta-seconds or HTTP date)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        import datetime as dt
-
-        when = parsedate_to_datetime(value)
-        return max(0.0, (when - dt.datetime.now(when.tzinfo or dt.timezone.utc)).total_seconds())
-    except (TypeError, ValueError):
-        return None
-
-
-def backoff_delay(attempt: int, config: JudgeConfig, rng: random.Random, retry_after: Optional[float] = None) -> float:
-    """Delay after failed attempt `attempt` (1-based): capped exponential with jitter, at least Retry-After."""
-    delay = min(config.backoff_max_s, config.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * rng.random())
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, config.retry_after_max_s))
-    return delay
 
 
 # ------------------------------------------------------------------------------------------------
@@ -703,7 +665,7 @@ async def _judge_pair(ctx: _Context, pair: _Pair) -> dict:
                         return _record(pair, verdict, attempts=attempt, cached=False)
             elif resp.status_code in RETRY_STATUS:
                 error = f"HTTP {resp.status_code}"
-                retry_after = _retry_after(resp.headers.get("retry-after"))
+                retry_after = retry_after_seconds(resp.headers.get("retry-after"))
             else:
                 hint = ""
                 if resp.status_code in (401, 403):
@@ -713,7 +675,8 @@ async def _judge_pair(ctx: _Context, pair: _Pair) -> dict:
                     ctx.redact(f"{ctx.url} answered HTTP {resp.status_code}{hint}: {resp.text[:300].strip()}")
                 )
         if attempt < config.max_attempts:
-            delay = backoff_delay(attempt, config, ctx.rng, retry_after)
+            delay = backoff_delay(attempt, ctx.rng, retry_after, base_s=config.backoff_s, max_s=config.backoff_max_s,
+                                  retry_after_max_s=config.retry_after_max_s)
             log.info("judge %s: attempt %d failed (%s); retrying in %.2f s", pair.prompt_id, attempt, error, delay)
             await asyncio.sleep(delay)
     if not replied:  # the endpoint, not the reply, failed: stop; the pair is judged again on rerun

@@ -2,7 +2,7 @@
 
 `read.py` reads and checks the run directories, `compare.py` computes the comparisons (each run
 against its baseline, Best TTA, the extra W/T/L rows), `build.py` lays them out as the paper's tables
-and writes the report, `tables.py` formats tables, `plots.py` draws the frontier and delta plots.
+(formatted by teacli/tables.py) and writes the report, `plots.py` draws the frontier and delta plots.
 Imports only the standard library, numpy, scipy, PyYAML and matplotlib (docs/architecture.md import
 rule): never train/, rollout/ or torch, so evaluation produced on a cluster can be reported anywhere.
 """

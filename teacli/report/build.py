@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from teacli.diagnostics import hacking
+from teacli import tables as T
 from teacli.eval import stats
-from teacli.report import tables as T
+from teacli.monitors import hacking
 from teacli.report.compare import GRPO_Z_RULE, OURS_RULES, TTA_RULES, Report, check_levels, compare
 from teacli.report.read import (  # noqa: F401  (re-exported: the report's reading API)
     JudgeRow,

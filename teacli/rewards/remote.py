@@ -25,8 +25,9 @@ OpenRLHF's "scores" and "extra_logs", are ignored).
 Client behaviour: `reward.concurrency` requests in flight (httpx.AsyncClient), `reward.timeout_s`
 per request, and up to `reward.max_retries` retries of a request after a connection error, a
 timeout, HTTP 429 or 5xx, with exponential backoff (0.5 s doubling to at most 30 s, times a jitter
-in [0.5, 1]; a server's Retry-After is honoured up to 60 s). The loop is ours on httpx, like
-`tea judge`'s (no retry library). Every other failure stops at once with a RemoteRewardError that
+in [0.5, 1]; a server's Retry-After, in seconds or as an HTTP date, is honoured up to 60 s). The loop is ours
+on httpx, like `tea judge`'s, with its helpers (teacli/http.py; no retry library). A server on this machine or
+network (localhost, `*.localhost`, a private address) is reached directly, not through the environment's proxies. Every other failure stops at once with a RemoteRewardError that
 names the URL: other HTTP statuses (401/403: the token), a reply that is not JSON, has no
 "rewards" list, has the wrong length, or holds a non-number, NaN or inf: never a silent wrong reward.
 """
@@ -34,14 +35,14 @@ names the URL: other HTTP statuses (401/403: the token), a reply that is not JSO
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import math
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+
+from teacli.http import backoff_delay, is_local_url, retry_after_seconds
 
 if TYPE_CHECKING:
     import torch
@@ -58,14 +59,6 @@ RETRY_AFTER_MAX_S = 60.0
 
 class RemoteRewardError(ValueError):
     """The reward server is unreachable or answered something that is not one reward per response."""
-
-
-def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = None) -> float:
-    """Seconds to wait after failed attempt `attempt` (1-based): capped exponential with jitter, at least Retry-After."""
-    delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempt - 1)) * (0.5 + 0.5 * rng.random())
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, RETRY_AFTER_MAX_S))
-    return delay
 
 
 def parse_rewards(reply: Any, n: int, url: str, prompt_ids: Sequence[str]) -> list[float]:
@@ -86,24 +79,6 @@ def parse_rewards(reply: Any, n: int, url: str, prompt_ids: Sequence[str]) -> li
             raise RemoteRewardError(f"reward.url {url}: reward {i} of the batch (prompt {prompt_ids[i]!r}) is {value}")
         out.append(float(value))
     return out
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None  # an HTTP date: the exponential backoff applies
-
-
-def _is_local(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return ip.is_loopback or ip.is_private or ip.is_link_local
 
 
 class RemoteReward:
@@ -186,7 +161,7 @@ class RemoteReward:
         semaphore = asyncio.Semaphore(self.concurrency)
         # Environment proxies are for reaching the internet; a server on this network is reached directly.
         async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout_s), limits=limits,
-                                     trust_env=not _is_local(self.url)) as client:
+                                     trust_env=not is_local_url(self.url)) as client:
             tasks = [asyncio.ensure_future(self._post(client, semaphore, b)) for b in bodies]
             try:
                 return list(await asyncio.gather(*tasks))
@@ -218,12 +193,13 @@ class RemoteReward:
                     return parse_rewards(reply, n, self.url, body["prompt_ids"])
                 if resp.status_code == 429 or resp.status_code >= 500:
                     error = f"HTTP {resp.status_code}: {resp.text[:200].strip()}"
-                    retry_after = _retry_after(resp.headers.get("retry-after"))
+                    retry_after = retry_after_seconds(resp.headers.get("retry-after"))
                 else:
                     hint = " (check reward.token_env and the server's --token-env)" if resp.status_code in (401, 403) else ""
                     raise RemoteRewardError(f"reward.url {self.url}: HTTP {resp.status_code}{hint}: {resp.text[:300].strip()}")
             if attempt <= self.max_retries:
-                delay = backoff_delay(attempt, self._rng, retry_after)
+                delay = backoff_delay(attempt, self._rng, retry_after, base_s=BACKOFF_S, max_s=BACKOFF_MAX_S,
+                                      retry_after_max_s=RETRY_AFTER_MAX_S)
                 log.warning("reward server %s: attempt %d of %d failed (%s); retrying in %.1f s",
                             self.url, attempt, self.max_retries + 1, error, delay)
                 await asyncio.sleep(delay)

@@ -36,13 +36,13 @@ surrounding whitespace.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from teacli.config import RuleParams  # the parameters' ranges, which the recipe loader checks
 from teacli.types import Prompt
 
 if TYPE_CHECKING:
@@ -232,18 +232,6 @@ def _check_values(c: dict[str, Any], ctype: str, prompt_id: str) -> None:
 
 
 # ---------------------------------------------------------------------------- the reward
-
-
-@dataclasses.dataclass(frozen=True)
-class RuleParams:
-    """The rule reward's parameters (a recipe's `reward.params` when `reward.kind: rule`), with their ranges.
-
-    The recipe loader checks `reward.params` against these fields (names, types, bounds), so a bad value
-    is an error naming `reward.params.<key>` and the file before anything runs.
-    """
-
-    tolerance: float = dataclasses.field(default=0.5, metadata={"doc": "τ of the partial-credit decay exp(−d/τ).", "gt": 0.0})
-    tie_break: float = dataclasses.field(default=0.02, metadata={"doc": "ε: weight of the distinct-word ratio.", "ge": 0.0, "lt": 1.0})
 
 
 class RuleReward:

@@ -68,6 +68,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from teacli.logprobs import base_model
+from teacli.memory import kv_bytes_per_token, memory_plan
 from teacli.rollout.base import RolloutSyncError, cut_at_eos, stop_token_ids
 from teacli.types import Completion, SamplingConfig
 
@@ -88,17 +89,6 @@ _SYNC_CHECK_SEQUENCES = 4  # completions re-scored by the trainer after each pus
 _SYNC_CHECK_TOKENS = 32  # first tokens of each of them
 VLLM_TEMPERATURES = (0.01, 2.0)  # vLLM clamps below and refuses above (vllm/sampling_params.py)
 _CPU_KV_CACHE_GIB = 1  # default KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE says otherwise
-# rollout.gpu_memory_utilization: auto = this share of the memory the trainer leaves. With sleep, the
-# 10% kept back absorbs what the trainer's allocator keeps between steps; without sleep, the trainer's
-# activations must fit beside the engine.
-AUTO_SHARE = {True: 0.9, False: 0.5}
-# rollout.kv_cache_gib: auto = one call's sequences at their longest, plus this margin (vLLM's 16-token
-# blocks round each sequence up; the prompt blocks prefix caching shares make it smaller).
-KV_AUTO_MARGIN = 1.25
-# ... and at most this share of the engine's share after the weights: the rest stays free for vLLM's activations
-# and CUDA graphs while it generates, and for whatever the trainer holds beyond its estimate while it sleeps
-# (a cache sized from the whole share failed to wake at the paper's 1B + 8B reward model step on an 80 GB card).
-KV_AUTO_CAP = 0.5
 # The vllm.LLM arguments tea sets that rollout.vllm_kwargs may replace (every other one it sets is in
 # teacli.config.VLLM_RESERVED_KWARGS): the log-stats switch, and on CPU the whole-prompt scheduling below.
 TEA_DEFAULT_KWARGS = ("disable_log_stats", "enable_chunked_prefill", "max_num_batched_tokens")
@@ -397,7 +387,7 @@ class VLLMEngine:
 
     def _cuda_memory_plan(self, cfg: "RolloutConfig", trainer_bytes: int | None,
                           kv_needed: "tuple[int, int, int] | None") -> dict[str, Any]:
-        """`vllm.LLM`'s memory arguments from what the trainer leaves on this rank's GPU (`memory_plan`)."""
+        """`vllm.LLM`'s memory arguments from what the trainer leaves on this rank's GPU (`teacli.memory.memory_plan`)."""
         import torch
 
         torch.cuda.empty_cache()
@@ -601,81 +591,6 @@ def sampled_logprobs(logprobs: Any, ids: list[int]) -> list[float]:
             out.append(float(logprobs.logprobs[at]))
         return out
     return [float(logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
-
-
-def memory_plan(
-    utilization: "float | str", kv_cache_gib: "float | str | None", sleep: bool, *, free: int, total: int, allocated: int,
-    trainer_bytes: int, weights_bytes: int, kv_needed: "tuple[int, int, int] | None" = None,
-) -> tuple[dict[str, Any], str]:
-    """vLLM's memory arguments on one GPU beside the trainer → (kwargs, a line saying what was chosen).
-
-    free, total: the device's memory now (bytes); allocated: what this process's torch holds;
-    trainer_bytes: what the trainer will hold between steps (`backend.model_state_bytes`), some of
-    which (AdamW's moments without ZeRO, gradient buffers) it allocates only at its first step.
-    The trainer leaves `free − max(0, trainer_bytes − allocated)`. The engine's share is
-    `utilization` × total, or for 'auto' `AUTO_SHARE[sleep]` × what the trainer leaves; a share
-    larger than what the trainer leaves, or a `kv_cache_gib` that with the weights exceeds the
-    share, is a ValueError naming the key and the value that fits. vLLM 0.26 itself refuses to
-    start when less than `gpu_memory_utilization` × total is free, and with `kv_cache_memory_bytes`
-    reads gpu_memory_utilization for that check only. `kv_cache_gib` 'auto' with `kv_needed` (sequences,
-    tokens each, KV bytes a token) fixes the KV cache at what those sequences hold at once, plus
-    `KV_AUTO_MARGIN`, capped at `KV_AUTO_CAP` of the share after the weights (the cap itself where the
-    sequences are not known); null lets vLLM size it from the whole share.
-    """
-    later = max(0, trainer_bytes - allocated)
-    leaves = max(0, free - later)
-    where = f"{free / _GiB:.1f} GiB free now" + (f", less {later / _GiB:.1f} GiB the trainer allocates at its first step" if later else "")
-    if utilization == "auto":
-        share = AUTO_SHARE[sleep] * leaves
-        how = f"auto: {AUTO_SHARE[sleep]:.0%} of the {leaves / _GiB:.1f} GiB the trainer leaves ({where})"
-    else:
-        share = float(utilization) * total
-        if share > leaves:
-            raise ValueError(
-                f"rollout.gpu_memory_utilization: {utilization:g} of this GPU's {total / _GiB:.1f} GiB is {share / _GiB:.1f} GiB, but "
-                f"the trainer leaves {leaves / _GiB:.1f} GiB ({where}); set it to at most {math.floor(leaves / total * 100) / 100:.2f}, or to auto"
-            )
-        how = f"rollout.gpu_memory_utilization {utilization:g} of {total / _GiB:.1f} GiB"
-    kwargs: dict[str, Any] = {"gpu_memory_utilization": share / total}
-    kv = f"what remains after the weights ({weights_bytes / _GiB:.2f} GiB) and activations"
-    if kv_cache_gib == "auto":
-        cap = int(max(0, share - weights_bytes) * KV_AUTO_CAP)
-        if kv_needed is None:
-            kwargs["kv_cache_memory_bytes"] = cap
-            return kwargs, (f"{share / _GiB:.1f} GiB ({how}); KV cache: {cap / _GiB:.2f} GiB (rollout.kv_cache_gib auto: "
-                            f"{KV_AUTO_CAP:.0%} of the share after the weights; the sequences per call are not known here)")
-        seqs, tokens, per_token = kv_needed
-        needed = int(seqs * tokens * per_token * KV_AUTO_MARGIN)
-        what = f"{seqs} sequences x {tokens} tokens x {per_token / 1024:.0f} KiB, +{KV_AUTO_MARGIN - 1:.0%}"
-        if needed > cap:
-            kwargs["kv_cache_memory_bytes"] = cap
-            return kwargs, (f"{share / _GiB:.1f} GiB ({how}); KV cache: {cap / _GiB:.2f} GiB (rollout.kv_cache_gib auto: {what} "
-                            f"= {needed / _GiB:.1f} GiB at their longest, capped at {KV_AUTO_CAP:.0%} of the share after the weights; "
-                            "vLLM allocates blocks as sequences grow and runs the rest when blocks free up)")
-        kwargs["kv_cache_memory_bytes"] = needed
-        return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {needed / _GiB:.2f} GiB (rollout.kv_cache_gib auto: {what})"
-    if kv_cache_gib is not None:
-        if kv_cache_gib * _GiB + weights_bytes > share:
-            raise ValueError(
-                f"rollout.kv_cache_gib: {kv_cache_gib:g} GiB of KV cache and {weights_bytes / _GiB:.2f} GiB of weights exceed the "
-                f"engine's {share / _GiB:.1f} GiB ({how}); lower rollout.kv_cache_gib or raise rollout.gpu_memory_utilization"
-            )
-        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GiB)
-        kv = f"{kv_cache_gib:g} GiB (rollout.kv_cache_gib)"
-    return kwargs, f"{share / _GiB:.1f} GiB ({how}); KV cache: {kv}"
-
-
-def kv_bytes_per_token(config: Any, dtype: "torch.dtype") -> int | None:
-    """K and V bytes one token takes in every layer of a standard decoder (layers x KV heads x head size x 2 x the
-    dtype's bytes), from a transformers config; None where the config does not say (e.g. a multimodal config)."""
-    config = getattr(config, "text_config", None) or config
-    layers = getattr(config, "num_hidden_layers", None)
-    heads = getattr(config, "num_attention_heads", None)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads and getattr(config, "hidden_size", None) else None)
-    if not (layers and kv_heads and head_dim):
-        return None
-    return int(layers * kv_heads * head_dim * 2 * dtype.itemsize)
 
 
 def _free_bytes(device: "torch.device") -> int:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from teacli.memory import activation_bytes, auto_checkpoint_layers, state_bytes
+
 if TYPE_CHECKING:
     import torch
 
@@ -210,42 +212,13 @@ class Checkpointing:
         return line
 
 
-def activation_bytes(tokens: int, layers: int, hidden: int, intermediate: int, checkpointed: int = 0) -> int:
-    """Estimated bf16 activation bytes that backward needs of one micro-batch of `tokens` tokens through
-    `layers` decoder layers, the first `checkpointed` of them gradient-checkpointed.
-
-    An uncheckpointed layer keeps 2 bytes × (16·hidden + 3·intermediate) per token (calibrated on the
-    Llama-3.2-1B shape: 45.1 GB = 42.0 GiB for 64 × 384 tokens and no checkpointing, against a measured
-    40 GiB); a checkpointed one keeps only its input, 2 bytes × hidden per token. While backward recomputes
-    a checkpointed layer, that layer's full activations exist again; checkpointing the first layers puts the
-    recompute after the others' activations are freed (teacli.models.set_gradient_checkpointing), so it
-    adds to the peak only when every layer is checkpointed: one full layer then. The head's log-softmax is
-    chunked (teacli/logprobs.py) and not counted.
-    """
-    full = tokens * 2 * (16 * hidden + 3 * intermediate)
-    kept = tokens * 2 * hidden
-    return max(layers - checkpointed, 1) * full + checkpointed * kept
-
-
-def auto_checkpoint_layers(budget: int, tokens: int, layers: int, hidden: int, intermediate: int) -> int:
-    """The fewest layers (checkpointed from the first) whose `activation_bytes` fit in `budget` bytes; when
-    none fits, the number with the smallest estimate (the least memory there is to have).
-
-    Never all of them when fewer fit: with every layer checkpointed, backward recomputes the last one while
-    all the others' inputs are still held, which is the peak of leaving the last one alone, plus its input.
-    """
-    estimates = [activation_bytes(tokens, layers, hidden, intermediate, k) for k in range(layers + 1)]
-    fits = [k for k, e in enumerate(estimates) if e <= budget]
-    return fits[0] if fits else min(range(layers + 1), key=estimates.__getitem__)
-
-
 # policy.gradient_checkpointing: auto fits the estimated activations into this share of the memory the model
 # states leave. The rest is for what the estimate does not count: the hf engine's KV cache, compiled graphs, the
 # allocator's fragmentation. Measured on an H100 (docs/performance.md): the 1B shape without checkpointing
 # peaked at 46.6 GiB of 79.2 (liger) where the estimate said 62.7 (0.74x); eager, at the calibration point, 0.95x.
 ACTIVATION_SHARE = 0.75
 # With rollout.sleep off the vllm engine keeps its share (half of what the states leave:
-# AUTO_SHARE in teacli/rollout/vllm_engine.py) through training, and the activations get the other half.
+# AUTO_SHARE in teacli/memory.py) through training, and the activations get the other half.
 AWAKE_ENGINE_ACTIVATION_SHARE = 0.5
 
 
@@ -307,24 +280,15 @@ def model_state_bytes(recipe: "Recipe", model, world: World) -> int:
     """Estimated bytes this rank's trainer holds between steps: weights (bf16; a reference model another
     copy), gradients and fp32 master weights + AdamW moments, as the ZeRO stage partitions them.
 
-    Per parameter: 2 bytes of weights, and for trainable ones 2 of gradient and 12 of optimizer state.
-    Some of it (AdamW's moments without ZeRO, gradient buffers) is allocated only at the first step,
-    which is why the vllm engine sizes itself from this and not only from what is allocated when it is built.
+    Per parameter: 2 bytes of weights, and for trainable ones 2 of gradient and 12 of optimizer state
+    (`teacli.memory.state_bytes` of the model's parameter counts). Some of it (AdamW's moments without ZeRO,
+    gradient buffers) is allocated only at the first step, which is why the vllm engine sizes itself from this
+    and not only from what is allocated when it is built.
     """
     n_all = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return state_bytes(recipe, n_all, n_train, world.world_size)
-
-
-def state_bytes(recipe: "Recipe", n_all: int, n_train: int, world_size: int) -> int:
-    """`model_state_bytes` from parameter counts (all, trainable) and the number of ranks (teacli/planner.py too)."""
-    w, stage = world_size, recipe.backend.zero_stage
-    weights = 2 * n_all / (w if stage == 3 else 1)
-    if recipe.kl.beta > 0 and not recipe.policy.lora.enabled:
-        weights += 2 * n_all
-    grads = 2 * n_train / (w if stage >= 2 else 1)
-    optim = 0 if recipe.backend.offload_optimizer else 12 * n_train / (w if stage >= 1 else 1)
-    return int(weights + grads + optim)
+    return state_bytes(n_all, n_train, world.world_size, zero_stage=recipe.backend.zero_stage, kl_beta=recipe.kl.beta,
+                       lora=recipe.policy.lora.enabled, offload_optimizer=recipe.backend.offload_optimizer)
 
 
 def peak_memory_gib(device: "torch.device") -> float | None:

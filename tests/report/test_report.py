@@ -167,7 +167,7 @@ def test_report_imports_neither_train_nor_rollout(runs, tmp_path):
         "sys.modules['vllm'] = sys.modules['deepspeed'] = None\n"
         "from pathlib import Path\n"
         "from teacli.report.build import build_report\n"
-        "import teacli.eval.stats, teacli.report.tables, teacli.report.plots\n"
+        "import teacli.eval.stats, teacli.tables, teacli.report.plots\n"
         "build_report([Path(p) for p in sys.argv[2:]], Path(sys.argv[1]))\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')\n"
         "             or m.startswith(('teacli.train', 'teacli.rollout', 'teacli.eval.bon', 'teacli.eval.judge')))\n"

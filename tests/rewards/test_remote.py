@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from tiny_lm import make_tokenizer  # noqa: E402
 from teacli.config import RewardConfig  # noqa: E402
 from teacli.rewards import build_reward, checked_score  # noqa: E402
 from teacli.rewards import remote  # noqa: E402
-from teacli.rewards.remote import RemoteReward, RemoteRewardError, backoff_delay, parse_rewards  # noqa: E402
+from teacli.http import backoff_delay  # noqa: E402
+from teacli.rewards.remote import RemoteReward, RemoteRewardError, parse_rewards  # noqa: E402
 from teacli.types import Prompt  # noqa: E402
 
 PROMPTS = [Prompt(id=f"p{i}", messages=({"role": "user", "content": f"question {i}"},), meta={"constraints": [{"type": "no_commas"}]})
@@ -191,12 +193,57 @@ def test_other_statuses_stop_at_once_and_the_token_is_sent(tokenizer, monkeypatc
 
 
 def test_backoff_schedule():
+    """The remote reward's schedule: teacli.http.backoff_delay (tests/test_http.py) with the module's constants."""
     rng = random.Random(0)
+
+    def delay(attempt: int, retry_after: float | None = None) -> float:
+        return backoff_delay(attempt, rng, retry_after, base_s=remote.BACKOFF_S, max_s=remote.BACKOFF_MAX_S,
+                             retry_after_max_s=remote.RETRY_AFTER_MAX_S)
+
     for attempt, full in [(1, 0.5), (2, 1.0), (3, 2.0), (7, 30.0), (12, 30.0)]:  # 0.5 s doubling, capped at 30 s
-        delays = [backoff_delay(attempt, rng) for _ in range(200)]
+        delays = [delay(attempt) for _ in range(200)]
         assert min(delays) >= full / 2 and max(delays) <= full and max(delays) - min(delays) > full / 4  # jitter in [0.5, 1]
-    assert backoff_delay(1, rng, retry_after=5.0) == 5.0  # a server's Retry-After wins when longer
-    assert backoff_delay(1, rng, retry_after=3600.0) == 60.0  # ... up to a minute
+    assert delay(1, retry_after=5.0) == 5.0  # a server's Retry-After wins when longer
+    assert delay(1, retry_after=3600.0) == 60.0  # ... up to a minute
+
+
+def test_a_retry_after_date_is_honoured_and_a_dot_localhost_server_is_reached_directly(tokenizer, monkeypatch):
+    """A 429 whose Retry-After is an HTTP date 30 s ahead waits about 30 s (it was read as no Retry-After: a 0.5 s
+    backoff), and `*.localhost` is local (RFC 6761): no environment proxy (it was sent through HTTP_PROXY). The
+    server is httpx's in-process mock transport, so rm.localhost needs no name resolution."""
+    import asyncio
+    from email.utils import format_datetime
+
+    import httpx
+
+    replies = iter([429, 200])
+    trust_env: list[bool] = []
+    slept: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = next(replies)
+        if status == 429:
+            later = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
+            return httpx.Response(429, headers={"Retry-After": later}, text="slow down")
+        return httpx.Response(200, json={"rewards": [1.0]})
+
+    real_client, real_sleep = httpx.AsyncClient, asyncio.sleep
+
+    def recording_client(**kw):
+        trust_env.append(kw["trust_env"])
+        return real_client(transport=httpx.MockTransport(handler), **kw)
+
+    async def no_wait(seconds: float) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(httpx, "AsyncClient", recording_client)
+    monkeypatch.setattr(remote.asyncio, "sleep", no_wait)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    reward = client(tokenizer, "http://rm.localhost:5000/get_reward", max_retries=1)
+    assert reward.score(PROMPTS[:1], ["a"]).tolist() == [1.0]
+    assert trust_env == [False]
+    assert len(slept) == 1 and 25 < slept[0] <= 30
 
 
 def test_parse_rewards_accepts_ints_and_floats():

@@ -1,4 +1,4 @@
-"""The vllm engine's memory plan on a GPU shared with the trainer (`teacli.rollout.vllm_engine.memory_plan`):
+"""The vllm engine's memory plan on a GPU shared with the trainer (`teacli.memory.memory_plan`):
 pure arithmetic, so it runs without vLLM or a GPU. Expected values are worked out here from the rule in its
 docstring: the trainer leaves free − max(0, trainer_bytes − allocated); auto takes 90% of that (50% without
 sleep); a fixed share must fit in it; a fixed KV cache plus the weights must fit in the share."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from teacli.rollout.vllm_engine import kv_bytes_per_token, memory_plan  # imports no vLLM: this runs in the main suite
+from teacli.memory import kv_bytes_per_token, memory_plan  # imports no vLLM: this runs in the main suite
 
 G = 2**30
 # An 80 GiB card; the trainer has 10 GiB allocated, will hold 14 GiB after its first step; 60 GiB free now.

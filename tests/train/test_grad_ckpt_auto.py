@@ -1,5 +1,5 @@
 """policy.gradient_checkpointing: true, false, a number of layers k, or auto — the memory rule of
-train/backend.py (the fewest checkpointed layers whose estimate fits), the selective checkpointing of
+teacli/memory.py and train/backend.py (the fewest checkpointed layers whose estimate fits), the selective checkpointing of
 models.set_gradient_checkpointing (the gradients of the whole model, with and without LoRA), what it
 means for shared prompts, and the recipe key."""
 
@@ -13,6 +13,7 @@ import torch
 from tiny_lm import make_causal_lm, make_tokenizer, tiny_recipe
 
 from teacli.config import LoraConfig, Recipe, RecipeError, load_recipe, recipe_from_dict
+from teacli import memory
 from teacli.models import checkpointable_layers, set_gradient_checkpointing
 from teacli.train import backend
 
@@ -41,24 +42,24 @@ def card(monkeypatch, total: int, others: int = 0, mine: int = 0) -> None:
 def test_activation_estimate_counts_a_checkpointed_layer_by_its_input():
     full = TOKENS * 2 * (16 * HIDDEN + 3 * INTER)  # bytes one uncheckpointed layer keeps (bf16)
     kept = TOKENS * 2 * HIDDEN  # a checkpointed layer: its input
-    assert backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER) == LAYERS * full == 45_097_156_608  # the docs' 45.1 GB
+    assert memory.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER) == LAYERS * full == 45_097_156_608  # the docs' 45.1 GB
     for k in range(1, LAYERS):
-        assert backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, k) == (LAYERS - k) * full + k * kept
+        assert memory.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, k) == (LAYERS - k) * full + k * kept
     # All checkpointed: backward recomputes one layer while every input is held.
-    assert backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, LAYERS) == full + LAYERS * kept
+    assert memory.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, LAYERS) == full + LAYERS * kept
 
 
 def test_auto_picks_the_fewest_layers_whose_estimate_fits():
     full, kept = TOKENS * 2 * (16 * HIDDEN + 3 * INTER), TOKENS * 2 * HIDDEN
-    pick = lambda budget: backend.auto_checkpoint_layers(budget, TOKENS, LAYERS, HIDDEN, INTER)  # noqa: E731
+    pick = lambda budget: memory.auto_checkpoint_layers(budget, TOKENS, LAYERS, HIDDEN, INTER)  # noqa: E731
     assert pick(LAYERS * full) == 0  # fits without checkpointing: off, as before
     assert pick(LAYERS * full - 1) == 1  # just over the line: one layer, not all
     for k in range(1, LAYERS):
         at_k = (LAYERS - k) * full + k * kept
         assert pick(at_k) == k and pick(at_k + 1) == k and pick(at_k - 1) == k + 1 - (k == LAYERS - 1), k
     # Nothing fits: the least memory, which is all but the last layer (checkpointing it too only adds its input).
-    assert pick(0) == LAYERS - 1 == min(range(LAYERS + 1), key=lambda k: backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, k))
-    assert backend.auto_checkpoint_layers(0, TOKENS, 1, HIDDEN, INTER) == 0  # one layer: recomputing it never helps
+    assert pick(0) == LAYERS - 1 == min(range(LAYERS + 1), key=lambda k: memory.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER, k))
+    assert memory.auto_checkpoint_layers(0, TOKENS, 1, HIDDEN, INTER) == 0  # one layer: recomputing it never helps
 
 
 def test_the_h100_case_the_rule_was_changed_for():
@@ -68,9 +69,9 @@ def test_the_h100_case_the_rule_was_changed_for():
     3/4 of it holds the whole estimate (45.1 GB)."""
     n, total = 1_235_814_400, int(79.2 * 2**30)
     states = n * (2 + 2 + 2 + 12)
-    estimate = backend.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER)
+    estimate = memory.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER)
     assert (total - states) // 2 < estimate <= int((total - states) * backend.ACTIVATION_SHARE)
-    pick = lambda share: backend.auto_checkpoint_layers(int((total - states) * share), TOKENS, LAYERS, HIDDEN, INTER)  # noqa: E731
+    pick = lambda share: memory.auto_checkpoint_layers(int((total - states) * share), TOKENS, LAYERS, HIDDEN, INTER)  # noqa: E731
     assert (pick(0.5), pick(backend.ACTIVATION_SHARE)) == (6, 0)
 
 

@@ -26,10 +26,11 @@ import numpy as np
 import yaml
 
 from teacli.advantages.tail import qq_tail_r2
+from teacli.config import RuleParams
 from teacli.data.load import load_split
 from teacli.diagnostics.tail_fit import tail_summary
 from teacli.eval.stats import grouped_bon
-from teacli.rewards.rule import RuleParams, RuleReward
+from teacli.rewards.rule import RuleReward
 from teacli.types import Prompt
 
 

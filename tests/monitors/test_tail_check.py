@@ -17,7 +17,7 @@ sys.path.insert(0, str(TESTS))
 from tiny_lm import tea_env, tiny_recipe, write_recipe  # noqa: E402
 
 from teacli.advantages.tail import tail_check_stats  # noqa: E402
-from teacli.diagnostics.tail_check import WARNING_FILE, TailCheck  # noqa: E402
+from teacli.monitors.tail_check import WARNING_FILE, TailCheck  # noqa: E402
 
 
 def gaussian_group(m: int, rng) -> np.ndarray:
