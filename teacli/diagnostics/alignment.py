@@ -510,11 +510,9 @@ class Settings:
 
 
 def _policy_cfg(s: Settings) -> Any:
-    cfg = s.recipe.policy
-    if s.checkpoint is not None:
-        cfg = dataclasses.replace(cfg, name_or_path=str(s.checkpoint.resolve()), gguf_file=None, revision=None,
-                                  lora=dataclasses.replace(cfg.lora, enabled=False))
-    return cfg
+    from teacli.session import policy_config
+
+    return policy_config(s.recipe.policy, s.checkpoint)
 
 
 def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
@@ -524,15 +522,12 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
 
     from teacli import models
     from teacli.data.load import load_split
-    from teacli.rewards import build_reward, checked_score
-    from teacli.rollout.base import sampling_from, stop_token_ids
-    from teacli.rollout.factory import build_engine
+    from teacli.session import Sampler, encode_prompts, open_tokenizer
 
     s.check()
     policy_cfg = _policy_cfg(s)
-    tokenizer = models.load_tokenizer(policy_cfg)
     try:
-        stop_token_ids(tokenizer, s.recipe.rollout.stop_tokens)  # before anything is written
+        tokenizer = open_tokenizer(policy_cfg, s.recipe.rollout.stop_tokens)  # before anything is written
     except ValueError as exc:
         raise AlignmentError(str(exc)) from None
     s.out.mkdir(parents=True, exist_ok=True)
@@ -550,13 +545,7 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     split = s.split or recipe.data.train_split
-    prompts = []
-    for p in load_split(recipe.data.dir, split):
-        ids = models.encode_chat(tokenizer, p.messages, add_generation_prompt=True)
-        if len(ids) <= recipe.data.max_prompt_tokens:
-            prompts.append((p, ids))
-        if len(prompts) == s.prompts:
-            break
+    prompts, _ = encode_prompts(tokenizer, load_split(recipe.data.dir, split), recipe.data.max_prompt_tokens, limit=s.prompts)
     if len(prompts) < s.prompts:
         raise AlignmentError(f"--prompts {s.prompts}: split {split!r} of {recipe.data.dir} has only {len(prompts)} prompts "
                              f"within data.max_prompt_tokens={recipe.data.max_prompt_tokens}")
@@ -569,24 +558,14 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
     model = None
     if len(pool) < s.prompts:
         log(f"pool: {len(pool)} of {s.prompts} prompts on disk; sampling {s.pool} completions for each of the rest")
-        model = models.load_policy(policy_cfg, dtype=torch.float32, device=device).eval()
-        reward = build_reward(recipe.reward, device=device, tokenizer=tokenizer)
-        engine = build_engine(recipe.rollout, model, tokenizer, policy=policy_cfg, seed=recipe.seed,
-                              max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens,
-                              sampler_logprobs=False)  # nothing here reads them (vllm: only the sync check's)
-        engine.load_weights(model.named_parameters())
-        engine.wake()
-        sampling = sampling_from(recipe.rollout)
+        sampler = Sampler.open(recipe, policy_cfg, tokenizer, device, dtype=torch.float32)
+        model = sampler.model
         if progress:
             progress("pool", len(pool), s.prompts)
         for i in range(len(pool), s.prompts):
             prompt, ids = prompts[i]
-            (group,) = engine.generate([ids], s.pool, sampling, _prompt_seed(recipe.seed, prompt.id))
-            texts = [c.text for c in group]
-            scores: list[float] = []
-            bs = recipe.eval.score_batch_size
-            for start in range(0, len(texts), bs):
-                scores.extend(checked_score(reward, [prompt] * len(texts[start:start + bs]), texts[start:start + bs]).tolist())
+            (group,) = sampler.generate([ids], s.pool, _prompt_seed(recipe.seed, prompt.id))
+            scores = sampler.score(prompt, [c.text for c in group])
             line = {"prompt_id": prompt.id, "prompt_token_ids": list(ids),
                     "completions": [{"token_ids": list(c.token_ids), "text": c.text, "reward": float(r)} for c, r in zip(group, scores)]}
             with open(pool_path, "a", encoding="utf-8") as f:
@@ -596,7 +575,7 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
             pool.append(line)
             if progress:
                 progress("pool", i + 1, s.prompts)
-        engine.sleep()
+        sampler.close()
     used = pool[: s.grad_prompts]
     rewards = [np.array([c["reward"] for c in rec["completions"]], dtype=np.float64) for rec in used]
 
