@@ -508,7 +508,7 @@ EXTENSION = {
 # --------------------------------------------------------------------------- the hard set (builtin-hard)
 # The same twelve kinds and 28 subjects each (the 20 of prompts.jsonl and the 8 of heldout_ext.jsonl), each
 # prompt with three more constraints drawn from EXTRAS (5-7 in all), under their own RNG: a set on which the
-# untrained SmolLM2-135M's best-of-256 stays far from the ceiling (docs/results/hard_reward.md). Its texts
+# untrained SmolLM2-135M's best-of-256 stays far from the ceiling (results/hard_reward.md). Its texts
 # differ from every prompt of the other two files, so its ids do too; `tea prepare-data builtin-hard`
 # splits it 176 / 32 / 128.
 ENDS = ["That is all.", "Now you know.", "Thanks for reading.", "Have a good day."]

@@ -58,12 +58,12 @@ CARDS = {
 
 # Measured costs (CALIBRATION), from `tea train --rehearse` runs on H200s (held to an H100's 79.2 GiB, except the
 # micro-batch runs on whole H200s) and benchmarks/rollout_engines.py at the paper's shapes
-# (docs/performance/2026-11-28-*/; recomputed by `python benchmarks/phases.py RUN... --calibrate`, and each constant by
+# (results/performance/2026-11-28-*/; recomputed by `python benchmarks/phases.py RUN... --calibrate`, and each constant by
 # tests/test_planner.py). What is assumed on an H100: the same fractions of its peak FLOP/s (the H200's) and
 # bandwidth (0.7x), the same per-step overheads.
 #   generation, per decode step: the hf engine takes `hf_layer_ms` a layer (launching its kernels) + `hf_logit_ns` a
 #     logit (each sequence's LM head and draw over the vocabulary) + its bytes at `hf_bw` of the bandwidth (the two
-#     fitted to the 1B shape at 512 sequences, 7.37 ms, docs/performance/2026-11-28-h200x2-draw/runs/l1b, steps 2-4,
+#     fitted to the 1B shape at 512 sequences, 7.37 ms, results/performance/2026-11-28-h200x2-draw/runs/l1b, steps 2-4,
 #     and the 8B shape at 256, 15.0 ms measured with the eager draw less what the compiled draw saves at 256 rows,
 #     0.48 ms: half of its 0.96 ms at 512 in benchmarks/decode_step.py; checked on the 1B at 256 and 128 sequences a
 #     GPU, 2 and 4 GPUs, before the draw was compiled). The compiled decode step (`rollout.compile`, on CUDA) and draw
@@ -79,16 +79,16 @@ CARDS = {
 #     auto caps it beside a trainer), and more waves.
 #   reward: the fraction of the card's peak FLOP/s the 8B reward model's forward reached beside the 1B vllm run;
 #     reward_liger: with `reward.kernels: liger`, alone on an H200 at batches of 16 (benchmarks/reward_scoring.py,
-#     docs/performance/2026-11-28-h200x4-four-gpus/rm_bench.log: 9.05 s for one step's 512 conversations, floor 5.67 s).
+#     results/performance/2026-11-28-h200x4-four-gpus/rm_bench.log: 9.05 s for one step's 512 conversations, floor 5.67 s).
 #     reference, train: the 1B policy's forward, and its forward + backward with every layer checkpointed, at
 #     micro-batches of 32 (the recipes' size) on one whole H200: the reference as CUDA events time it, its log-softmax
-#     compiled (docs/performance/2026-11-28-h200x2-draw/runs/l1b, steps 2-4; 0.52 when it was eager), training from docs/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true
+#     compiled (results/performance/2026-11-28-h200x2-draw/runs/l1b, steps 2-4; 0.52 when it was eager), training from results/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true
 #     (steps 2-3); train_lora: an 8B LoRA policy's at micro-batches of 8. A phase takes the larger of its FLOPs'
 #     time and what the host needs to drive it (GPU work overlaps it):
 #     - each layer of each forward pass of a micro-batch takes at least `layer_ms` to launch (a backward counts as
 #       two passes, like its FLOPs, and the shared-prompt path of `optim.share_prompts` runs two passes a forward:
 #       the prompts, then the completions). Fitted to SmolLM2-135M's reference and training alone on an H200
-#       (docs/results/gpu/runs/gpu_bon_hard_grpo-s0, the median of steps 11-100: 0.58 + 2.18 s over 8 micro-batches
+#       (results/gpu/runs/gpu_bon_hard_grpo-s0, the median of steps 11-100: 0.58 + 2.18 s over 8 micro-batches
 #       x 30 layers x 2 passes x (1 + 3)). It also gives the 1B's reference at micro-batches of 8 (64 x 16 x 1.44 ms
 #       = 1.47 s; measured 1.61 s);
 #     - each training micro-batch takes at least `train_micro_s`: the 1B at micro-batches of 8 (l1b_ck_true, the same
@@ -96,8 +96,8 @@ CARDS = {
 #       forward) and so is not its launches (layer_ms gives 5.9 and 8.8 s). The 1B trains compute-bound from
 #       micro-batches of 16 on (l1b_mb16_true, l1b_mb64_true: within 10%).
 #     With several GPUs each micro-batch costs ZeRO's communication on top: `zero2_micro_s` (the 1B on 2 GPUs,
-#     docs/performance/2026-11-28-h200x4/runs/llama1b_2gpu: 32 micro-batches of 8 a GPU), `zero3_micro_s` (Qwen3-4B on
-#     2: its third step in docs/performance/2026-11-28-h200x2/, the first two being warm-up).
+#     results/performance/2026-11-28-h200x4/runs/llama1b_2gpu: 32 micro-batches of 8 a GPU), `zero3_micro_s` (Qwen3-4B on
+#     2: its third step in results/performance/2026-11-28-h200x2/, the first two being warm-up).
 #   checkpoint: GB/s written (the model, and the trainer state a full fine-tune resumes from); a LoRA policy's
 #     checkpoint merges the adapters into a copy of the model and saves it: `lora_merge_gbps` of its bf16 bytes (the
 #     8B LoRA run: 16 GB in 106 s); setup: start-up.

@@ -486,7 +486,9 @@ def _free_port() -> int:
 
 
 def _die_with_parent() -> Callable[[], None] | None:
-    """Linux: a stage gets SIGTERM when the study itself dies, even by SIGKILL (prctl PR_SET_PDEATHSIG)."""
+    """Linux: a stage is killed when the study itself dies, even by SIGKILL (prctl PR_SET_PDEATHSIG). SIGKILL, not
+    SIGTERM: `tea train` takes SIGTERM as Ctrl-C and stops at its own pace, saying how to resume, to a terminal that
+    is gone with the study; a stage must not outlive it (a study stopped by a signal passes that signal on itself)."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -495,7 +497,7 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    return lambda: prctl(1, int(signal.SIGTERM))  # resolved before fork: the child only calls it
+    return lambda: prctl(1, int(signal.SIGKILL))  # resolved before fork: the child only calls it
 
 
 def _duration(seconds: float) -> str:

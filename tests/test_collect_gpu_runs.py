@@ -1,4 +1,4 @@
-"""docs/results/gpu/collect.py: records kept without their text, each prompt's best sample kept with it, and
+"""results/gpu/collect.py: records kept without their text, each prompt's best sample kept with it, and
 --restore giving run directories back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-COLLECT = Path(__file__).resolve().parent.parent / "docs" / "results" / "gpu" / "collect.py"
+COLLECT = Path(__file__).resolve().parent.parent / "results" / "gpu" / "collect.py"
 
 
 def test_collect_keeps_each_prompts_best_text_and_restores(tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def test_no_committed_record_names_a_machine_path():
     """Records brought back from GPU machines (study logs, test logs, run files) are committed with paths relative to
     the repository: a path on the machine that wrote them (its /tmp checkout, its venv under /opt) means nothing to a
     reader. Docs, recipes, scripts and benchmarks, gzipped records included."""
-    roots = [REPO / d for d in ("docs", "recipes", "scripts", "benchmarks")] + [REPO / "README.md", REPO / "CHANGELOG.md"]
+    roots = [REPO / d for d in ("docs", "results", "recipes", "scripts", "benchmarks")] + [REPO / "README.md", REPO / "CHANGELOG.md"]
     files = [f for r in roots for f in ([r] if r.is_file() else r.rglob("*")) if f.is_file()]
     hits = []
     for f in files:

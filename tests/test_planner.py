@@ -185,7 +185,7 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     spec = importlib.util.spec_from_file_location("phases", repo / "benchmarks" / "phases.py")
     phases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(phases)
-    perf = repo / "docs" / "performance"
+    perf = repo / "results" / "performance"
     runs = perf / "2026-11-28-h200x4" / "runs"
     one = phases.measure(runs / "llama1b_vllm", 1, "h200", 2, 79.2)["phases"]
     cal = planner.CALIBRATION
@@ -218,7 +218,7 @@ def test_the_calibration_is_what_the_committed_rehearsals_measured():
     assert 2 * shape.params / lora_run["validation"]["checkpoint_s"] / 1e9 == pytest.approx(cal["lora_merge_gbps"], rel=0.01)
     # SmolLM2-135M alone on an H200, steps 11-100 (the first 10 were twice as slow): its reference and training over
     # 8 micro-batches x 30 layers x 2 passes (the shared-prompt path) x (1 forward + 3 for training)
-    smol = phases.measure(repo / "docs" / "results" / "gpu" / "runs" / "gpu_bon_hard_grpo-s0", 1, "h200", 10)["phases"]
+    smol = phases.measure(repo / "results" / "gpu" / "runs" / "gpu_bon_hard_grpo-s0", 1, "h200", 10)["phases"]
     launch_ms = (smol["reference"]["s"] + smol["train"]["s"]) / (8 * 30 * 2 * (1 + 3)) * 1e3
     assert launch_ms == pytest.approx(cal["layer_ms"], rel=0.01)
     # vLLM's time a decode step at 512 (1B) and 256 (8B) sequences: vllm_step_ms + vllm_seq_ms a sequence
@@ -286,7 +286,7 @@ def test_a_small_model_is_launch_bound():
 
 @pytest.mark.parametrize("micro, checkpointing", [(8, True), (8, False), (16, True), (32, True), (64, True)])
 def test_the_1b_trains_host_bound_at_micro_batches_of_8(micro, checkpointing):
-    """The 1B recipe on one H200 (docs/performance/2026-11-28-h200x2-micro/): at micro-batches of 8 its training takes
+    """The 1B recipe on one H200 (results/performance/2026-11-28-h200x2-micro/): at micro-batches of 8 its training takes
     64 x train_micro_s, checkpointed or not (more than its FLOPs at the compute efficiency, and more than its launches:
     64 x 16 x layer_ms x 4 passes checkpointed, x 2 x 3 on the shared-prompt path without); from 16 on, its FLOPs'
     time. Its reference at 8: the larger of 64 x 16 x layer_ms (x 2 passes without checkpointing) and its FLOPs'."""
@@ -330,7 +330,7 @@ def test_a_small_kv_cache_means_more_waves_of_generation():
     from teacli.config import find_recipe, load_recipe
 
     r = load_recipe(find_recipe("uf_qwen4b_tea"), runnable=False)
-    r.validation.prompts = 32  # as its rehearsal on two H200s ran it (docs/performance/2026-11-28-h200x2/)
+    r.validation.prompts = 32  # as its rehearsal on two H200s ran it (results/performance/2026-11-28-h200x2/)
     card = dataclasses.replace(planner.CARDS["h200"], memory_gib=79.2)
     e = planner.estimate(r, gpus=2, card=card, engine="vllm")
     shape = _shape("Qwen--Qwen3-4B-Instruct-2507")
@@ -367,7 +367,7 @@ def test_the_recorded_vllm_validations_against_the_prediction(run, gpus, error):
     spec = importlib.util.spec_from_file_location("phases", repo / "benchmarks" / "phases.py")
     phases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(phases)
-    m = phases.measure(repo / "docs" / "performance" / run, gpus, "h200", 2, 79.2)
+    m = phases.measure(repo / "results" / "performance" / run, gpus, "h200", 2, 79.2)
     assert m["engine"] == "vllm"
     assert m["predicted"]["validation_s"] / m["validation"]["s"] - 1 == pytest.approx(error, abs=0.005)
 
@@ -419,7 +419,7 @@ def test_the_hf_decode_step_is_its_layers_its_logits_and_its_bytes():
         bytes_ms = planner.generation_floor(pol, card, seqs, 256, 512) / 512 / cal["hf_bw"] * 1e3
         return cal["hf_layer_ms"] * pol.layers + cal["hf_logit_ns"] * 1e-6 * seqs * pol.vocab + bytes_ms
 
-    run = Path(__file__).resolve().parent.parent / "docs" / "performance" / "2026-11-28-h200x2-draw" / "runs" / "l1b"
+    run = Path(__file__).resolve().parent.parent / "results" / "performance" / "2026-11-28-h200x2-draw" / "runs" / "l1b"
     gen = {m["step"]: m["time_generate"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     assert step_ms("meta-llama/Llama-3.2-1B-Instruct", 512) == pytest.approx(statistics.median([gen[2], gen[3], gen[4]]) / 512 * 1e3, rel=0.005)
     assert step_ms("meta-llama/Llama-3.1-8B-Instruct", 256) == pytest.approx(15.0 - (1.145 - 0.188) * 256 / 512, rel=0.005)
@@ -432,7 +432,7 @@ def test_the_compile_cost_is_the_shipped_runs_first_step():
     import statistics
     from pathlib import Path
 
-    run = Path(__file__).resolve().parent.parent / "docs" / "performance" / "2026-11-28-h200x2-draw" / "runs" / "l1b"
+    run = Path(__file__).resolve().parent.parent / "results" / "performance" / "2026-11-28-h200x2-draw" / "runs" / "l1b"
     gen = {m["step"]: m["time_generate"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     assert gen[1] - statistics.median([gen[2], gen[3], gen[4]]) == pytest.approx(planner.CALIBRATION["hf_compile_s"], rel=0.01)
 
@@ -445,7 +445,7 @@ def test_reward_liger_is_what_the_reward_benchmark_measured():
 
     from teacli.config import find_recipe, load_recipe
 
-    log = Path(__file__).resolve().parent.parent / "docs" / "performance" / "2026-11-28-h200x4-four-gpus" / "rm_bench.log"
+    log = Path(__file__).resolve().parent.parent / "results" / "performance" / "2026-11-28-h200x4-four-gpus" / "rm_bench.log"
     table = [[c.strip() for c in line.split("|")[1:-1]] for line in log.read_text().splitlines() if line.startswith("| ")]
     header = table[0]
     rows = {(row[0], row[1]): dict(zip(header, row)) for row in table[1:]}

@@ -61,7 +61,7 @@ def test_quickstart_is_the_cpu_default():
 
 def test_the_1b_recipes_train_at_micro_batches_of_32():
     """recipes/base/llama1b.yaml sets optim.micro_batch_size 32 for every 1B paper recipe (measured: the training
-    phase is host-bound at 8, docs/performance/2026-11-28-h200x2-micro/); the 8B LoRA and Qwen3-4B ones keep
+    phase is host-bound at 8, results/performance/2026-11-28-h200x2-micro/); the 8B LoRA and Qwen3-4B ones keep
     paper.yaml's 8."""
     recipes = _recipes()
     by_policy: dict[str, set[int]] = {}

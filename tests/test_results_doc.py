@@ -1,6 +1,8 @@
-"""docs/results.md quotes the files the embedded study wrote: every `<!-- quote: FILE -->` block
-must equal FILE (under docs/) verbatim, every linked image and file must exist, and results.md must
-be what docs/results/build_doc.py renders from docs/results.src.md (no hand edits, no typed numbers)."""
+"""results/record.md quotes the files the studies wrote: every `<!-- quote: FILE -->` block must equal FILE (under
+results/) verbatim, every linked file must exist, and record.md must be what results/build_doc.py renders from
+results/record.src.md (no hand edits, no typed numbers); docs/results.md, the summary a user reads, links into it.
+The committed reports, tables and tail fits are what `tea report`, `tea diagnose` and the scripts beside them
+compute from the committed run records."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
 
 
 def _close(a, b) -> bool:
@@ -90,39 +93,41 @@ def test_recomputed_tables_compare_floats_up_to_rounding(tmp_path):
 
 
 def _build_doc():
-    spec = importlib.util.spec_from_file_location("build_doc", DOCS / "results" / "build_doc.py")
+    spec = importlib.util.spec_from_file_location("build_doc", REPO / "results" / "build_doc.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def test_every_quote_equals_its_file():
-    text = (DOCS / "results.md").read_text()
+    text = (RESULTS / "record.md").read_text()
     blocks = re.findall(r"^<!-- quote: (\S+) -->\n(.*?)\n<!-- /quote -->$", text, flags=re.S | re.M)
     assert len(blocks) >= 10
     for name, body in blocks:
-        assert body == (DOCS / name).read_text().rstrip("\n"), f"docs/results.md's quote of {name} differs from the file"
+        assert body == (RESULTS / name).read_text().rstrip("\n"), f"results/record.md's quote of {name} differs from the file"
 
 
-def test_results_md_is_rendered_from_its_source():
-    assert _build_doc().render((DOCS / "results.src.md").read_text()) == (DOCS / "results.md").read_text()
+def test_record_md_is_rendered_from_its_source():
+    assert _build_doc().render((RESULTS / "record.src.md").read_text()) == (RESULTS / "record.md").read_text()
 
 
-def test_links_resolve():
-    text = (DOCS / "results.md").read_text()
-    for target in re.findall(r"\]\((results/[^)]+)\)", text):
-        assert (DOCS / target).exists(), target
+@pytest.mark.parametrize("page", ["results/record.md", "docs/results.md"])
+def test_links_resolve(page):
+    path = REPO / page
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()):
+        if not target.startswith("http"):
+            assert (path.parent / target).exists(), target
 
 
 def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatch):
-    """The GPU study's tail-fit tables (docs/results/gpu/tail_fit_*) are what `tea diagnose tail-fit`
+    """The GPU study's tail-fit tables (results/gpu/tail_fit_*) are what `tea diagnose tail-fit`
     computes from the committed records (base arms, both studies' trained runs), restored by
-    docs/results/gpu/collect.py --restore."""
+    results/gpu/collect.py --restore."""
     from typer.testing import CliRunner
 
     from teacli.cli import app
 
-    spec = importlib.util.spec_from_file_location("collect", DOCS / "results" / "gpu" / "collect.py")
+    spec = importlib.util.spec_from_file_location("collect", REPO / "results" / "gpu" / "collect.py")
     collect = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(collect)
     collect.restore(tmp_path / "runs")
@@ -131,7 +136,7 @@ def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatc
         res = CliRunner().invoke(app, ["diagnose", "tail-fit", f"runs/{run}", "--checkpoint", "base", "--out", f"out/{reward}", "--no-plots"])
         assert res.exit_code == 0, res.output
         for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
-            committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_base" / name
+            committed = REPO / "results" / "gpu" / f"tail_fit_{reward}_base" / name
             assert _same(tmp_path / "out" / reward / name, committed), f"{committed} differs from a recomputation"
     for reward, prefix in (("rule", "gpu_bon"), ("judge", "gpu_bon_judge")):
         trained = [f"runs/{prefix}_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
@@ -139,7 +144,7 @@ def test_gpu_tail_fits_recompute_from_the_committed_records(tmp_path, monkeypatc
                                        "--out", f"out/{reward}_trained", "--no-plots"])
         assert res.exit_code == 0, res.output
         for name in ("tail_fit.md", "prediction.md", "tail_fit.csv", "prediction.csv"):
-            committed = DOCS / "results" / "gpu" / f"tail_fit_{reward}_trained" / name
+            committed = REPO / "results" / "gpu" / f"tail_fit_{reward}_trained" / name
             assert _same(tmp_path / "out" / f"{reward}_trained" / name, committed), f"{committed} differs from a recomputation"
 
 
@@ -151,7 +156,7 @@ def test_alignment_tables_render_from_their_run_json(folder):
     from teacli.diagnostics.alignment import public, tables
     from teacli.tables import csv_text, markdown
 
-    out = DOCS / "results" / folder
+    out = REPO / "results" / folder
     run = json.loads((out / "alignment.run.json").read_text())
     details = run.pop("details")
     assert (out / "alignment.json").read_text() == json.dumps(public(details), indent=2) + "\n"
@@ -166,8 +171,8 @@ def test_alignment_tables_render_from_their_run_json(folder):
 
 
 def test_align_retrain_table_recomputes():
-    """docs/results/gpu/align_retrain.md is what align_retrain.py prints from the committed runs."""
-    gpu = DOCS / "results" / "gpu"
+    """results/gpu/align_retrain.md is what align_retrain.py prints from the committed runs."""
+    gpu = REPO / "results" / "gpu"
     assert _load("align_retrain", gpu / "align_retrain.py").table() == (gpu / "align_retrain.md").read_text()
 
 
@@ -180,7 +185,7 @@ def _load(name: str, path: Path):
 
 def _report_recomputes(gpu: Path, runs: list[str], args: list[str], out: str, at_least: int) -> None:
     """`tea report RUNS ARGS --out out/<out>` (run in the restored runs' directory) equals every .md and .csv of
-    the committed docs/results/gpu/<out>, of which there are at least `at_least`."""
+    the committed results/gpu/<out>, of which there are at least `at_least`."""
     from typer.testing import CliRunner
 
     from teacli.cli import app
@@ -206,10 +211,10 @@ def _summaries_recompute(gpu: Path, capsys, reward: str, steps: int, tag: str) -
 
 @pytest.mark.parametrize("reward, prefix", [("rule", "gpu_bon"), ("judge", "gpu_bon_judge")])
 def test_gpu_report_recomputes_from_the_committed_records(reward, prefix, tmp_path, monkeypatch, capsys):
-    """docs/results/gpu/report_<reward> (two-level intervals) and report_<reward>_prompts_only are what
+    """results/gpu/report_<reward> (two-level intervals) and report_<reward>_prompts_only are what
     `tea report` computes from the committed records of that study; training_<reward>.md and
     spread_<reward>.md are what study_summary.py prints."""
-    gpu = DOCS / "results" / "gpu"
+    gpu = REPO / "results" / "gpu"
     _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
     runs = [f"runs/{prefix}_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in range(4)]
@@ -223,13 +228,13 @@ def test_gpu_report_recomputes_from_the_committed_records(reward, prefix, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("reward, prefix, base", [("rule", "gpu_bon150", "gpu_bon"), ("judge", "gpu_bon150_judge", "gpu_bon_judge")])
 def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefix, base, tmp_path, monkeypatch, capsys):
-    """The 150-step study runs a seed a session (recipes/studies/gpu_bon150_*.yaml): docs/results/gpu/report150_<reward>
+    """The 150-step study runs a seed a session (recipes/studies/gpu_bon150_*.yaml): results/gpu/report150_<reward>
     is what `tea report` computes from the seeds committed so far (every method of the seed collected; the base
     arm is the 75-step study's, whose untrained evaluation does not depend on optim.steps), and
     training150_<reward>.md and spread150_<reward>.md are what study_summary.py --steps 150 prints."""
-    gpu = DOCS / "results" / "gpu"
+    gpu = REPO / "results" / "gpu"
     seeds = sorted(int(p.name.rsplit("-s", 1)[1]) for p in gpu.glob(f"runs/{prefix}_tea-s*"))
-    assert seeds, f"no {prefix}_tea-s<seed> under docs/results/gpu/runs"
+    assert seeds, f"no {prefix}_tea-s<seed> under results/gpu/runs"
     runs = [f"runs/{prefix}_{m}-s{s}" for m in ("grpo", "grpo_z", "tea") for s in seeds]
     assert all((gpu / run).is_dir() for run in runs), "a seed is committed for some methods only"
     _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
@@ -242,11 +247,11 @@ def test_gpu_150_step_report_recomputes_from_the_committed_records(reward, prefi
 
 @pytest.mark.slow
 def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeypatch, capsys):
-    """The hard-reward study runs in parts (recipes/studies/gpu_bon_hard.yaml): docs/results/gpu/report_hard is what
+    """The hard-reward study runs in parts (recipes/studies/gpu_bon_hard.yaml): results/gpu/report_hard is what
     `tea report` computes from every run committed so far, and training_hard.md / spread_hard.md what
     study_summary.py prints; hard_calibration.md is hard_calibration.py on the committed untrained arm, and
     hard_ablation.md hard_ablation.py on the m-ablation's runs."""
-    gpu = DOCS / "results" / "gpu"
+    gpu = REPO / "results" / "gpu"
     runs = [f"runs/{p.name}" for m in ("grpo", "grpo_z", "tea") for p in sorted(gpu.glob(f"runs/gpu_bon_hard_{m}-s*"))]
     assert any("_grpo-s" in r for r in runs) and any("_tea-s" in r for r in runs), runs
     _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
@@ -275,9 +280,9 @@ def test_gpu_hard_report_recomputes_from_the_committed_records(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_gpu_matched_step_report_recomputes_from_the_committed_records(tmp_path, monkeypatch):
-    """docs/results/gpu/report_hard_step is `tea study gpu_bon_hard_step`'s report (TEA-Z against GRPO-Z, four seeds each):
+    """results/gpu/report_hard_step is `tea study gpu_bon_hard_step`'s report (TEA-Z against GRPO-Z, four seeds each):
     the command study_hard_step_report.log records, run on the committed records."""
-    gpu = DOCS / "results" / "gpu"
+    gpu = REPO / "results" / "gpu"
     runs = [f"runs/gpu_bon_hard_{m}-s{s}" for m in ("grpo_z", "tea_z") for s in range(4)]
     assert all((gpu / run).is_dir() for run in runs)
     args = ["--baseline", "gpu_bon_hard_grpo_z", "--bootstrap", "1000", "--seed", "0", "--split", "heldout", "--n", "256",
@@ -289,23 +294,23 @@ def test_gpu_matched_step_report_recomputes_from_the_committed_records(tmp_path,
 
 
 def test_judge_picks_cross_score_recomputes(capsys):
-    """docs/results/gpu/cross_score_judge.md (the LM-judge runs' best-of-256 picks under the rule reward) is what
+    """results/gpu/cross_score_judge.md (the LM-judge runs' best-of-256 picks under the rule reward) is what
     cross_score.py prints from the committed picks."""
-    gpu = DOCS / "results" / "gpu"
+    gpu = REPO / "results" / "gpu"
     _load("cross_score", gpu / "cross_score.py").main()
     assert capsys.readouterr().out == (gpu / "cross_score_judge.md").read_text()
 
 
 def test_embedded_report_recomputes_from_the_committed_records(tmp_path, monkeypatch):
-    """The embedded study's report (docs/results/report: two-level intervals), its tail fits (tail_fit/,
+    """The embedded study's report (results/report: two-level intervals), its tail fits (tail_fit/,
     tail_fit_base/), training_summary.md and seed_spread.md are what `tea report` (as the study's report
     stage runs it: recipes/studies/embedded_bon.yaml), `tea diagnose tail-fit` and the two scripts compute
-    from the committed records in docs/results/runs/, restored by collect.py --restore --records."""
+    from the committed records in results/runs/, restored by collect.py --restore --records."""
     from typer.testing import CliRunner
 
     from teacli.cli import app
 
-    results = DOCS / "results"
+    results = REPO / "results"
     _load("collect", results / "gpu" / "collect.py").restore(tmp_path / "runs", results / "runs")
     monkeypatch.chdir(tmp_path)
     runs = [f"runs/embedded_{m}-s{s}" for m in ("grpo", "tea") for s in range(3)]

@@ -112,7 +112,7 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
     the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
     while the host built and launched the next one (the 1B paper recipe's training was host-bound at 8 sequences a
-    micro-batch: docs/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
+    micro-batch: results/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
     micro-batches) is a zero-weight pass over the first one's first sequence: the count stays the engine's."""
     from teacli.logprobs import completion_index
     from teacli.train.importance import pack_rollout_logprobs

@@ -1,4 +1,4 @@
-"""docs/results/gpu/hard_ablation.py, the m-ablation's planned test, on run directories made here: the contrasts
+"""results/gpu/hard_ablation.py, the m-ablation's planned test, on run directories made here: the contrasts
 are TEA − GRPO in grouped best-of-N per seed and prompt, and their difference between two m's; with no spread
 over seeds or prompts the intervals are the point itself."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("hard_ablation", REPO / "docs" / "results" / "gpu" / "hard_ablation.py")
+spec = importlib.util.spec_from_file_location("hard_ablation", REPO / "results" / "gpu" / "hard_ablation.py")
 ablation = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ablation)
 

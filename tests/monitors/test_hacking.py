@@ -1,5 +1,5 @@
 """The reward-hacking watch: its pure functions, `tea diagnose hacking`, the recipe key, and what it
-flags on the committed GPU judge runs (docs/results/gpu/runs/)."""
+flags on the committed GPU judge runs (results/gpu/runs/)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from teacli.cli import app
 from teacli.config import RecipeError, load_recipe
 from teacli.monitors import hacking as H
 
-RUNS = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "results" / "gpu" / "runs"
 # The two exploits docs/results.md describes: a fake "system" turn and an appended instruction.
 PATTERNS = [r"^[^\n]{0,40}system$", r"^[^\n]{0,40}?(your (entire )?(response|answer) (should|must)|please explicitly add)"]
 
@@ -132,12 +132,12 @@ def test_report_cells_read_the_runs_recipe_patterns(tmp_path):
 
 
 def test_record_file_is_what_the_command_prints():
-    """docs/results/hacking_watch.md quotes `tea diagnose hacking` on the committed runs: its tables are
+    """results/hacking_watch.md quotes `tea diagnose hacking` on the committed runs: its tables are
     what the commands it lists print now."""
     import shlex
 
-    root = RUNS.parents[3]
-    text = (root / "docs" / "results" / "hacking_watch.md").read_text()
+    root = RUNS.parents[2]
+    text = (root / "results" / "hacking_watch.md").read_text()
     commands = [line for line in text.splitlines() if line.startswith("tea diagnose hacking ")]
     assert len(commands) == 2
     printed = []
