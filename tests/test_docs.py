@@ -62,3 +62,25 @@ def test_no_committed_record_names_a_machine_path():
             if MACHINE_PATH.search(line):
                 hits.append(f"{f.relative_to(REPO)}:{n}: {line.strip()[:120]}")
     assert hits == []
+
+
+def test_readme_names_every_command_source_and_benchmark():
+    """README's command table has a row for every `tea` command (sub-commands included), its prepare-data row every
+    source, and its file list every benchmark script (a new user met `tea diagnose hacking` and `builtin-hard`
+    nowhere in README, and 6 of 15 benchmarks)."""
+    import typer
+
+    from teacli.cli import app
+    from teacli.data.sources import SOURCES
+
+    readme = (REPO / "README.md").read_text()
+    table = "\n".join(line for line in readme.splitlines() if line.startswith("| `tea "))
+    group = typer.main.get_group(app)
+    names = []
+    for name, cmd in group.commands.items():
+        subs = getattr(cmd, "commands", None)
+        names += [f"tea {name} {sub}" for sub in subs] if subs else [f"tea {name}"]
+    missing = [n for n in names if f"`{n}" not in table and not (n.startswith("tea recipes") and "`tea recipes list" in table)]
+    assert missing == []
+    assert [s for s in SOURCES if f"`{s}`" not in table] == []
+    assert [p.name for p in (REPO / "benchmarks").glob("*.py") if p.name not in readme] == []
