@@ -398,7 +398,7 @@ def check_same_reward(runs: Sequence[RunEval]) -> None:
         first = known[0]
         if r.reward == first.reward:
             continue
-        keys = [k for k in dict.fromkeys([*first.reward, *r.reward]) if first.reward.get(k) != r.reward.get(k)]
+        keys = _differing(first.reward, r.reward)
 
         def said(x: RunEval) -> str:
             return ", ".join(f"reward.{k}={x.reward.get(k)!r}" for k in keys) + f" ({x.settings})"
@@ -406,6 +406,11 @@ def check_same_reward(runs: Sequence[RunEval]) -> None:
         raise ReportError(f"runs {first.name} and {r.name} were scored with different rewards, so their best-of-N values "
                           f"cannot be compared: {first.name} with {said(first)}, {r.name} with {said(r)}; evaluate them "
                           "with the same reward (`tea eval-bon` with the same --set reward.…)")
+
+
+def _differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The keys whose values differ between two recorded settings, in the order they first appear."""
+    return [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
 
 
 def _shown(value: Any) -> str:
@@ -422,7 +427,7 @@ def check_same_generation(runs: Sequence[RunEval], arm: RunEval | None) -> None:
     for r in runs:
         if r.generation is None or r.generation == arm.generation:
             continue
-        keys = [k for k in dict.fromkeys([*r.generation, *arm.generation]) if r.generation.get(k) != arm.generation.get(k)]
+        keys = _differing(r.generation, arm.generation)
 
         def said(x: RunEval) -> str:
             return ", ".join(f"{k}={_shown(x.generation.get(k))}" for k in keys) + f" ({x.settings})"
