@@ -6,13 +6,12 @@ Heavy imports (torch, transformers, deepspeed, vllm) happen inside the commands 
 
 Conventions every command follows (docs/cli.md): results on stdout; progress bars, notes and
 warnings on stderr; a user error is one line `error: ...` on stderr and exit 2 (a failing remote
-service, exit 1); `NO_COLOR` turns colour off; `-h`/`--help`, `--version`, shell completion.
+service, exit 1); `NO_COLOR` turns colour off; `-h`/`--help`, `--version`, shell completion. Those are
+teacli/console.py's; what a command prints about its results lives with the library function it calls.
 """
 
 from __future__ import annotations
 
-import errno
-import inspect
 import json
 import os
 import re
@@ -20,98 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-import typer.core
 
 from teacli import __version__
+from teacli.console import Group, color as _color, fail as _fail, only_with, print_table, progress_bar, take_local_rank
+from teacli.console import LazyBar as _LazyBar  # noqa: F401  (tests/test_cli_progress.py)
 from teacli.diagnostics.synthetic import DEFAULT_BIAS_REPS, DEFAULT_MS, DEFAULT_REPS  # stdlib-only at import
-
-
-class _Group(typer.core.TyperGroup):
-    """Help that reads the same for every command, whoever adds it: flags are shown as `--force`
-    (not `--force <bool>`) and positional arguments in capitals (`RECIPE`, `[RUN_DIR]...`)."""
-
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        cmd = super().get_command(ctx, cmd_name)
-        if cmd is not None:
-            _tidy_params(cmd, ctx)
-        return cmd
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        _tidy_params(self, ctx)
-        super().format_help(ctx, formatter)
-
-    def invoke(self, ctx: Any) -> Any:
-        """Every command: a file-system error (a full disk, a read-only or unwritable directory, a file where a
-        directory should be) is one `error:` line naming the path, exit 2, not a traceback."""
-        try:
-            return super().invoke(ctx)
-        except typer.BadParameter as exc:  # typer's click (vendored in typer >= 0.24)
-            if any(c.__name__ == "MissingParameter" for c in type(exc).__mro__):  # syntax: keeps the usage line (docs/cli.md)
-                raise
-            _fail(_bad_parameter_message(exc))  # a value out of range or of the wrong type: bad input, one line
-        except OSError as exc:
-            if exc.errno not in _FS_HINTS:
-                raise
-            _fail(_os_error_message(exc))
-
-
-_FULL = "free space there (or write elsewhere) and run the command again"
-_FS_HINTS = {
-    errno.ENOSPC: _FULL, errno.EDQUOT: _FULL, errno.EFBIG: "",
-    errno.EROFS: "write elsewhere", errno.EACCES: "check its permissions, or write elsewhere",
-    errno.EPERM: "check its permissions and attributes (e.g. lsattr: immutable), or write elsewhere",
-    errno.ENOTDIR: "", errno.EISDIR: "", errno.EEXIST: "", errno.ENOENT: "", errno.ENAMETOOLONG: "",
-}
-
-
-def _bad_parameter_message(exc: Any) -> str:
-    """click's BadParameter as one line: `--steps: input should be greater than or equal to 1`."""
-    param = exc.param
-    name = exc.param_hint if isinstance(exc.param_hint, str) else None
-    if name is None and param is not None:
-        name = param.opts[0] if getattr(param, "opts", None) and param.param_type_name == "option" else (param.human_readable_name or param.name)
-    message = " ".join(str(exc.message).split())
-    return f"{name or 'an option'}: {message[:1].lower()}{message[1:]}"
-
-
-def _os_error_message(exc: OSError) -> str:
-    what = (exc.strerror or str(exc)).rstrip(".")
-    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
-    head = f"{' -> '.join(paths)}: {what[:1].lower()}{what[1:]}" if paths else what
-    from teacli.cache import cache_dir, cache_setting
-
-    cache = cache_setting()
-    if cache and any(_under(p, str(cache_dir())) for p in paths):  # the user's setting made that path: name it
-        return f"{head}; it is in tea's cache, TEA_CACHE={cache}: set TEA_CACHE to a directory tea can create and write (or unset it for ~/.cache/tea)"
-    return f"{head}; {_FS_HINTS[exc.errno]}" if _FS_HINTS.get(exc.errno) else head
-
-
-def _under(path: str, root: str) -> bool:
-    a, b = os.path.abspath(os.path.expanduser(path)), os.path.abspath(os.path.expanduser(root))
-    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
-
-
-def _tidy_params(cmd: Any, ctx: Any) -> None:
-    if cmd.help:
-        cmd.help = _unwrap_paragraphs(cmd.help)
-    for param in cmd.get_params(ctx):  # includes the help option
-        if getattr(param, "is_flag", False):
-            param.metavar = ""
-        elif param.param_type_name == "argument" and param.metavar is None:
-            param.metavar = param.name.upper()
-
-
-def _unwrap_paragraphs(text: str) -> str:
-    """A docstring's paragraphs as single lines, for the terminal to wrap: typer's rich help keeps the
-    source's line breaks inside a paragraph, which breaks sentences mid-line on a wide terminal. A paragraph
-    that starts with click's no-rewrap marker `\\b` or holds a list (`- item` lines) keeps its lines."""
-    head, sep, tail = inspect.cleandoc(text).partition("\f")
-    paragraphs = []
-    for paragraph in head.split("\n\n"):
-        lines = paragraph.splitlines()
-        keep = paragraph.startswith("\b") or any(line.lstrip().startswith(("- ", "* ")) for line in lines)
-        paragraphs.append(paragraph if keep else " ".join(line.strip() for line in lines))
-    return "\n\n".join(paragraphs) + sep + tail
 
 
 _HELP = {"help_option_names": ["-h", "--help"]}
@@ -122,12 +34,22 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
     context_settings=_HELP,
-    cls=_Group,
+    cls=Group,
 )
-recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True, cls=_Group, context_settings=_HELP)
-diagnose_app = typer.Typer(help="Diagnostics of the estimators and of the paper's tail model.", no_args_is_help=True, cls=_Group, context_settings=_HELP)
+recipes_app = typer.Typer(help="List, show and validate recipes.", no_args_is_help=True, cls=Group, context_settings=_HELP)
+diagnose_app = typer.Typer(help="Diagnostics of the estimators and of the paper's tail model.", no_args_is_help=True, cls=Group, context_settings=_HELP)
 app.add_typer(recipes_app, name="recipes")
 app.add_typer(diagnose_app, name="diagnose")
+
+
+def _recipe(name: str, overrides: list[str], **options: Any) -> Any:
+    """Load the recipe NAME (a file or a name) with its --set overrides; a RecipeError is the one `error:` line."""
+    from teacli.config import RecipeError, find_recipe, load_recipe
+
+    try:
+        return load_recipe(find_recipe(name), overrides, **options)
+    except RecipeError as exc:
+        _fail(str(exc))
 
 
 def _show_version(value: bool) -> None:
@@ -141,94 +63,6 @@ def _main(
     version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Post-train language models for best-of-N deployment (TEA / Prefix-TEA)."""
-
-
-def _color() -> Optional[bool]:
-    """False when NO_COLOR is set (https://no-color.org): click's echo does not read it, rich does."""
-    return False if os.environ.get("NO_COLOR") else None
-
-
-def _fail(message: str, code: int = 2) -> None:
-    """Print a one-line error to stderr and exit (no traceback for user errors)."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True, color=_color())
-    raise typer.Exit(code)
-
-
-def _plain_progress() -> None:
-    """Off a terminal, transformers' and huggingface_hub's tqdm bars off (a log would get their `\\r`-joined
-    redraws); tea's own lines say what is being loaded (docs/cli.md)."""
-    from teacli.models import plain_progress
-
-    plain_progress()
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s"
-
-
-class _LazyBar:
-    """Progress on stderr, drawn at the first report, so that an error found while checking the inputs is
-    not preceded by an empty bar. `update(done, total, stage="")` is the callback the library functions
-    take; the first report's `done` (work found on disk) is not counted as speed.
-
-    On a terminal, a rich bar per stage. Elsewhere (a log file, CI, a cluster job's output) rich draws
-    nothing until the end, so a plain line per stage instead: at its first progress, then every
-    TEA_PROGRESS_EVERY seconds (default 30; 0 = every report) while it runs, and when it completes:
-    `LABEL STAGE: done/total (pct%), elapsed, ~left, rate/s`. Nothing before the first progress (unless
-    a whole interval passes), so an error found at the start stays the one line on stderr."""
-
-    def __init__(self, *columns: Any, console: Any, transient: bool = False, label: str = ""):
-        self.columns, self.console, self.transient, self.label = columns, console, transient, label
-        self.bar: Any = None
-        self.tasks: dict[str, Any] = {}
-        self.lines: dict[str, dict[str, Any]] = {}
-        text = os.environ.get("TEA_PROGRESS_EVERY", "30")
-        try:
-            self.every = float(text)
-            if not self.every >= 0:
-                raise ValueError
-        except ValueError:
-            _fail(f"TEA_PROGRESS_EVERY={text!r}: give the seconds between progress lines, a number >= 0")
-
-    def update(self, done: int, total: int, stage: str = "") -> None:
-        if self.console.is_terminal:
-            if self.bar is None:
-                from rich.progress import Progress
-
-                self.bar = Progress(*self.columns, console=self.console, transient=self.transient)
-                self.bar.start()
-            if stage not in self.tasks:
-                self.tasks[stage] = self.bar.add_task(stage, total=total, completed=done)
-            else:
-                self.bar.update(self.tasks[stage], completed=done, total=total)
-            return
-        import time
-
-        now = time.monotonic()
-        line = self.lines.setdefault(stage, {"t0": now, "d0": done, "last": now, "printed": False, "finished": False})
-        finished = total > 0 and done >= total
-        first_progress = not line["printed"] and done > line["d0"]
-        if line["finished"] or not (finished or first_progress or now - line["last"] >= self.every):
-            return
-        line.update(last=now, printed=True, finished=finished)
-        elapsed, new = now - line["t0"], done - line["d0"]
-        parts = [f"{done:,}/{total:,} ({100 * done / total if total else 0:.0f}%)", f"{_duration(elapsed)} elapsed"]
-        if new > 0 and elapsed > 0:
-            rate = new / elapsed
-            if not finished:
-                parts.append(f"~{_duration((total - done) / rate)} left")
-            parts.append(f"{rate:.1f}/s")
-        name = " ".join(x for x in (self.label, stage) if x)
-        self.console.print(f"{name}: {', '.join(parts)}", markup=False, highlight=False)
-
-    def __enter__(self) -> "_LazyBar":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 @app.command("prepare-data")
@@ -257,11 +91,8 @@ def prepare_data(
     force: bool = typer.Option(False, "--force", help="Overwrite an output directory with different content."),
 ) -> None:
     """Build train / val / heldout / core250 / core500 prompt splits and a manifest."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     from teacli.data import DataError, prepare
+    from teacli.data.prepare import print_summary
 
     try:
         summary = prepare(
@@ -272,48 +103,11 @@ def prepare_data(
         )
     except DataError as e:
         _fail(str(e))
-        return
-    m = summary.manifest
-    console = Console()
-    filters = Table(title=f"prepare-data {m['source']}: filters")
-    filters.add_column("step")
-    filters.add_column("prompts", justify="right")
-    for step, n in m["filters"].items():
-        filters.add_row(step, f"{n:,}")
-    console.print(filters)
-    splits = Table(title=f"splits (seed {m['options']['seed']}, {m['unused']:,} unused)")
-    for col in ("file", "prompts", "sha256"):
-        splits.add_column(col, justify="right" if col == "prompts" else "left")
-    for entry in m["splits"].values():
-        note = " (capped)" if entry.get("capped") else ""
-        splits.add_row(entry["file"], f"{entry['size']:,}{note}", entry["sha256"][:16])
-    console.print(splits)
-    warn = Console(stderr=True)
-    for line in summary.bad_samples:
-        warn.print(f"[yellow]skipped undecodable row[/yellow] {escape(line)}")
-    checks = m["checks"]
-    ok = checks["disjoint"] and checks["cores_nested_in_heldout"] and not checks["test_overlap_in_outputs"]
-    console.print(f"checks: {'ok' if ok else 'FAILED'} (disjoint splits, cores nested, no test overlap)")
-    verb = "unchanged (identical files already there)" if summary.status == "unchanged" else "written"
-    console.print(f"{escape(str(summary.out))}: {verb}")
+    print_summary(summary)
 
 
 # ------------------------------------------------------------------------------------------------
 # tea train
-
-
-def _only_with(ctx: Any, flag: str, names: tuple[str, ...]) -> None:
-    """One `error:` line when an option that only applies with `flag` (e.g. --estimate) was given without it:
-    it would be ignored silently otherwise."""
-    given = []
-    for name in names:
-        source = ctx.get_parameter_source(name)  # click's (or typer's vendored click's) ParameterSource
-        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
-            given.append(next(p.opts[0] for p in ctx.command.params if p.name == name))
-    if given:
-        options = " and ".join(given)
-        _fail(f"{options} appl{'ies' if len(given) == 1 else 'y'} only with {flag}, which was not given; "
-              f"add {flag} or drop {options}")
 
 
 def _gpu_count(text: Optional[str]) -> int:
@@ -350,18 +144,13 @@ def train(
     Multi-GPU / multi-node: launch with `deepspeed --num_gpus N -m teacli.cli train RECIPE` or
     `torchrun --nproc_per_node N -m teacli.cli train RECIPE`.
     """
-    from pathlib import Path
-
-    from teacli.config import RecipeError, find_recipe, load_recipe
+    from teacli.config import RecipeError
 
     count = _gpu_count(gpus)
     if not estimate:
-        _only_with(ctx, "--estimate", ("card", "gpus"))
+        only_with(ctx, "--estimate", ("card", "gpus"))
     set_ = [*set_, *(["rehearsal.enabled=true"] if rehearse else []), *([f"optim.steps={steps}"] if steps else [])]
-    try:
-        r = load_recipe(find_recipe(recipe), set_)
-    except RecipeError as exc:
-        _fail(str(exc))
+    r = _recipe(recipe, set_)
     if estimate:
         from teacli.planner import estimate as predict, format_estimate
 
@@ -380,46 +169,28 @@ def train(
         except ValueError as exc:
             _fail(str(exc))
     from teacli.data.errors import DataError
-    from teacli.train.errors import Interrupted, TrainError
     from teacli.rundir import check_run_dir_path
+    from teacli.train.errors import TrainError
     from teacli.train.loop import train as run_training
+    from teacli.train.resume import resume_line, sigterm_as_interrupt
 
     directory = Path(run_dir) if run_dir else Path("runs") / (r.name + ("-rehearsal" if r.rehearsal.enabled else ""))
-    _plain_progress()
+    from teacli.models import plain_progress
+
+    plain_progress()  # off a terminal: transformers' and huggingface_hub's bars off, tea's lines instead (docs/cli.md)
     main_rank = os.environ.get("RANK", "0") == "0"  # the other ranks of a launch stop with the same code, silently
-    import signal
-
-    stopped_by = [signal.SIGINT]
-
-    def on_sigterm(signum: int, frame: Any) -> None:  # SIGTERM (kill, a cluster's scheduler) stops as Ctrl-C does
-        stopped_by[0] = signum
-        signal.signal(signal.SIGTERM, previous)  # a second one is not caught
-        raise KeyboardInterrupt
-
-    previous = signal.getsignal(signal.SIGTERM)
-    previous = signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
-    try:
-        signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # not the main thread: signals stay as they are
-        previous = None
-    try:
-        check_run_dir_path(directory)
-        path = run_training(r, directory)
-    except (TrainError, DataError, RecipeError, ValueError) as exc:
-        if main_rank:
-            _fail(str(exc))
-        raise typer.Exit(2)
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: where it stopped (Interrupted says, once training), the command that resumes
-        import shlex
-
-        if main_rank:
-            where = str(exc) if isinstance(exc, Interrupted) else f"interrupted while setting up {directory} (nothing trained in this attempt); to go on"
-            again = ["tea", "train", recipe, *(a for item in set_ for a in ("--set", item)), "--run-dir", str(directory)]
-            typer.echo(f"{where}, run: {shlex.join(again)}", err=True)
-        raise typer.Exit(128 + stopped_by[0])
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_interrupt() as stopped_by:
+        try:
+            check_run_dir_path(directory)
+            path = run_training(r, directory)
+        except (TrainError, DataError, RecipeError, ValueError) as exc:
+            if main_rank:
+                _fail(str(exc))
+            raise typer.Exit(2)
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: where it stopped, the command that resumes
+            if main_rank:
+                typer.echo(resume_line(exc, recipe, set_, directory), err=True)
+            raise typer.Exit(128 + stopped_by[0])
     if main_rank:
         typer.echo(f"run directory: {path}")
 
@@ -462,7 +233,7 @@ def study(
     from teacli.study import StagesFailed, StudyError, StudyInterrupted, load_study, parse_gpus, run_study
 
     if not estimate:
-        _only_with(ctx, "--estimate", ("card", "gpus_per_run"))
+        only_with(ctx, "--estimate", ("card", "gpus_per_run"))
     if estimate:
         from teacli.planner import estimate_study, format_study
 
@@ -491,48 +262,20 @@ def study(
 # tea recipes
 
 
-def _recipe_row(path, recipe) -> dict:
-    from pathlib import Path
-
-    params = recipe.advantage.params
-    reward = recipe.reward.name_or_path if recipe.reward.kind == "hf" else recipe.reward.function or recipe.reward.kind
-    try:
-        rel = str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        rel = str(path)
-    return {
-        "name": recipe.name,
-        "path": rel,
-        "advantage": recipe.advantage.name,
-        "m": recipe.rollout.group_size,
-        "n_target": params.get("n_target") if recipe.advantage.name in ("tea", "tea_raw", "prefix_tea", "cat_bon") else None,
-        "policy": recipe.policy.name_or_path,
-        "reward": reward,
-        "dataset": recipe.data.dir,
-        "lora": recipe.policy.lora.enabled,
-    }
-
-
 @recipes_app.command("list")
 def recipes_list(json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List the recipes (./recipes, then the packaged ones) with their method and setting."""
-    import json
-
-    from teacli.config import RecipeError, discover_recipes, load_recipe
+    from teacli.config import RecipeError, discover_recipes, load_recipe, recipe_summary
 
     rows = []
     for path in discover_recipes():
         try:
-            rows.append(_recipe_row(path, load_recipe(path, advantage=False)))
+            rows.append(recipe_summary(path, load_recipe(path, advantage=False)))
         except RecipeError as exc:
             _fail(str(exc))
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
     cells = {
         "name": [r["name"] for r in rows],
         "advantage": [r["advantage"] for r in rows],
@@ -543,26 +286,8 @@ def recipes_list(json_out: bool = typer.Option(False, "--json", help="Print JSON
         "dataset": [r["dataset"] for r in rows],
         "LoRA": ["yes" if r["lora"] else "" for r in rows],
     }
-    # Narrow terminals: shorten hub ids to their last part, then hide whole columns, rather than
-    # folding every name over several lines.
-    hidden: list[str] = []
-    for step in ("shorten", "dataset", "reward", "policy"):
-        widths = [max(len(c), *(len(v) for v in vals)) for c, vals in cells.items()]
-        if sum(widths) + 3 * len(widths) + 1 <= console.width:
-            break
-        if step == "shorten":
-            for col in ("policy", "reward", "dataset"):
-                cells[col] = [v.rstrip("/").rsplit("/", 1)[-1] for v in cells[col]]
-        else:
-            del cells[step]
-            hidden.append(step)
-    caption = f"{', '.join(hidden)} hidden at this width: `--json` or `tea recipes show NAME` has them" if hidden else None
-    table = Table(title=f"{len(rows)} recipes", caption=caption)
-    for col in cells:
-        table.add_column(col, no_wrap=col == "name", justify="right" if col in ("m", "N_target") else "left")
-    for i in range(len(rows)):
-        table.add_row(*(vals[i] for vals in cells.values()))
-    console.print(table)
+    print_table(f"{len(rows)} recipes", cells, right=("m", "N_target"), no_wrap=("name",), shorten=("policy", "reward", "dataset"),
+                drop=("dataset", "reward", "policy"), hidden="hidden at this width: `--json` or `tea recipes show NAME` has them")
 
 
 @recipes_app.command("show")
@@ -571,12 +296,9 @@ def recipes_show(
     set_: list[str] = typer.Option([], "--set", help="Override a key, e.g. --set optim.lr=3e-5 (repeatable)."),
 ) -> None:
     """Print the fully resolved recipe (inheritance and overrides applied) as YAML."""
-    from teacli.config import RecipeError, find_recipe, load_recipe, to_yaml
+    from teacli.config import to_yaml
 
-    try:
-        typer.echo(to_yaml(load_recipe(find_recipe(name), set_)), nl=False)
-    except RecipeError as exc:
-        _fail(str(exc))
+    typer.echo(to_yaml(_recipe(name, set_)), nl=False)
 
 
 @recipes_app.command("validate")
@@ -627,8 +349,6 @@ def diagnose_synthetic(
         _fail(f"unexpected argument(s) {' '.join(extra)}; rollout budgets go after --m, e.g. --m 256 512")
     budgets = [*(m or []), *(int(a) for a in extra)] or None
 
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from teacli.diagnostics import synthetic
 
     budgets = budgets or list(DEFAULT_MS)
@@ -636,16 +356,13 @@ def diagnose_synthetic(
         synthetic.check_arguments(budgets, reps, bias_reps)
     except ValueError as exc:
         _fail(str(exc))
-    from rich.console import Console
-
-    columns = (TextColumn("synthetic"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(), TimeRemainingColumn())
     total, done = synthetic.work_units(budgets, reps, bias_reps), [0]
 
     def advance(units: int) -> None:
         done[0] += units
         bar.update(done[0], total)
 
-    with _LazyBar(*columns, console=Console(stderr=True), label="synthetic") as bar:
+    with progress_bar("synthetic", percent=True) as bar:
         bar.update(0, total)
         rows = synthetic.run_synthetic(budgets, reps, bias_reps, seed, advance)
     paths = synthetic.write_outputs(rows, out)
@@ -677,7 +394,6 @@ def diagnose_alignment(
     out: Path = typer.Option(Path("out/diagnostics/alignment"), "--out", help="Output directory (the pool and Gram matrices are stored there and reused)."),
 ) -> None:
     """Oracle-gradient alignment: cosine of each rule's policy gradient to the expected-best-of-N oracle gradient."""
-    from teacli.config import RecipeError, find_recipe, load_recipe
     from teacli.diagnostics import alignment as AL
 
     budgets, names = list(m or []), list(rules or [])
@@ -689,11 +405,7 @@ def diagnose_alignment(
         else:
             _fail(f"unexpected argument {arg}; budgets go after --m (--m 16 32), rules after --rules (--rules tea grpo)")
     names = [x for name in names for x in name.split(",") if x]
-    try:
-        r = load_recipe(find_recipe(recipe), set_)
-    except RecipeError as exc:
-        _fail(str(exc))
-        return
+    r = _recipe(recipe, set_)
     settings = AL.Settings(recipe=r, out=out, checkpoint=checkpoint, prompts=prompts, pool=pool, grad_prompts=grad_prompts,
                            ms=tuple(budgets or AL.DEFAULT_MS), N=n, seeds=seeds, rules=tuple(names or AL.DEFAULT_RULES),
                            block=block, split=split, grad_batch_size=grad_batch_size, grad_memory_gib=grad_memory)
@@ -702,27 +414,22 @@ def diagnose_alignment(
     except AL.AlignmentError as exc:
         _fail(str(exc))
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from teacli.data.errors import DataError
 
     console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     try:
-        with _LazyBar(*columns, console=console, label="alignment") as bar:
+        with progress_bar("alignment", title="{task.description}", console=console) as bar:
             table = AL.run_alignment(settings, lambda stage, done, total: bar.update(done, total, stage),
                                      log=lambda msg: console.print(msg, markup=False, highlight=False))
     except (AL.AlignmentError, DataError, ValueError) as exc:
         _fail(str(exc))
-        return
     from teacli.tables import markdown
 
     meta = json.loads((out / "alignment.run.json").read_text())
     typer.echo(markdown(AL.tables(table, meta)[0]))
-    for rule, row in table.items():
-        skipped = [mm for mm, c in row.items() if c.get("skipped")]
-        if skipped:
-            typer.echo(f"{rule}: skipped at m = {', '.join(skipped)} ({row[skipped[0]]['skipped']})", err=True)
+    for line in AL.skipped_notes(table):
+        typer.echo(line, err=True)
     typer.echo(f"wrote {out / 'alignment.json'}, alignment.{{md,tex,csv}}, alignment.png (pool and Gram matrices kept in {out} for reuse)")
 
 
@@ -751,12 +458,8 @@ def diagnose_tail_fit(
         written = TF.write_outputs(result, runs, out, plots)
     except TF.TailFitError as exc:
         _fail(str(exc))
-        return
-    for name, e in result["runs"].items():
-        degenerate = e["degenerate"]["flat"] + e["degenerate"]["too_few"]
-        if degenerate:
-            typer.echo(f"{name}: {degenerate} of {e['prompts']} prompt(s) degenerate ({e['degenerate']['flat']} flat, "
-                       f"{e['degenerate']['too_few']} with fewer than 3 samples in the range); left out of the summary", err=True)
+    for line in TF.degenerate_notes(result):
+        typer.echo(line, err=True)
     for table in TF.tables(result):
         typer.echo(markdown(table))
     typer.echo(f"wrote {len(written)} files to {out} (tail_fit.json, tables{', plots' if plots else ''})")
@@ -769,41 +472,24 @@ def diagnose_hacking(
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Best-of-N picks of the untrained policy (an eval-bon *.best.json.gz) for the new-phrase share."),
 ) -> None:
     """Reward-hacking watch: per run, steps where the batch's best reward jumps, and the share of best-of-N picks matching the patterns or sharing a new phrase."""
-    import gzip
-    import json
-
     from teacli.monitors import hacking as H
 
     try:
         patterns = H.compile_patterns(pattern)
     except re.error as exc:
         _fail(f"--pattern {exc}")
-        return
-    base = None
-    if baseline is not None:
-        try:
-            base = [p["response"] for p in json.loads(gzip.open(baseline, "rt").read())]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            _fail(f"--baseline {baseline}: unreadable best-of-N picks ({exc})")
-            return
+    try:
+        base = None if baseline is None else H.read_picks(baseline)
+    except H.WatchError as exc:
+        _fail(f"--baseline {exc}")
     results = []
     for d in run_dirs:
         try:
             results.append(H.watch_run(d, patterns, base))
         except H.WatchError as exc:
             _fail(str(exc))
-            return
-
-    def pct(v: Optional[float]) -> str:
-        return "–" if v is None else f"{v:.0%}"
-
-    typer.echo("| run | reward_max jumps (steps) | checkpoints: pattern share | eval picks | pattern share | new-phrase share |")
-    typer.echo("|---|---|---|---|---|---|")
-    for r in results:
-        ck = ", ".join(f"{c['step']}: {pct(c.get('watch_pattern_share'))}" for c in r["checkpoints"]) or "–"
-        ev = r["eval"][0] if r["eval"] else {}
-        typer.echo(f"| {r['run']} | {', '.join(map(str, r['jumps'])) or 'none'} | {ck} | {ev.get('watch_picks', '–')} | "
-                   f"{pct(ev.get('watch_pattern_share'))} | {pct(ev.get('watch_new_ngram_share'))} |")
+    for line in H.markdown_rows(results):
+        typer.echo(line)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -830,10 +516,6 @@ def judge(
     """Pairwise LLM judge of RUN_A's vs RUN_B's best-of-N responses (position-randomized); prints W–L and win rate."""
     import logging
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
     from teacli.eval.judge import JudgeConfig, JudgeError, JudgeUnavailable, judge_runs, parse_select, resolve_api_key
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -846,36 +528,16 @@ def judge(
         )
         config.check()
         key = resolve_api_key(base_url, api_key_env)
-        columns = (TextColumn("judge"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with _LazyBar(*columns, console=Console(stderr=True), transient=True, label="judge") as bar:
+        with progress_bar("judge", remaining=False, transient=True) as bar:
             summary = judge_runs(run_a, run_b, n, split=split, config=config, api_key=key, progress=bar.update)
     except JudgeUnavailable as exc:  # the endpoint failed, not the input: rerunning resumes
         _fail(str(exc), code=1)
-        return
     except JudgeError as exc:
         _fail(str(exc))
-        return
-    if summary.pairs and summary.wins + summary.losses == 0:  # a failed job, not a 0–0 result
-        _fail(f"every verdict was invalid ({summary.invalid} of {summary.pairs} pairs: no reply of {summary.model} parsed "
-              f"as a verdict); they are recorded in {summary.path} (fields error and raw); check --model and --base-url, "
-              f"then rerun with --retry-invalid", code=1)
-    win = "–" if summary.win_rate is None else f"{100 * summary.win_rate:.1f}%"
-    table = Table(title=f"judge {summary.model} ({summary.split})")
-    for col in ("Self", "Sel.", "Other", "Pairs", "W–L", "Win", "Invalid"):
-        table.add_column(col, justify="right" if col in ("Pairs", "W–L", "Win", "Invalid") else "left")
-    table.add_row(
-        summary.self_name, summary.select, summary.other_name, str(summary.pairs),
-        f"{summary.wins}–{summary.losses}", win, str(summary.invalid),
-    )
-    Console().print(table)
-    dropped = summary.only_self + summary.only_other
-    if dropped:
-        typer.echo(f"{dropped} prompt(s) dropped: {summary.only_self} only in RUN_A, {summary.only_other} only in RUN_B")
-    typer.echo(
-        f"{summary.judged} judged now ({summary.cache_hits} from the cache, {summary.requests} request(s)), "
-        f"{summary.kept} kept from before"
-    )
-    typer.echo(f"wrote {summary.path}")
+    failed = summary.no_valid_verdict()
+    if failed:
+        _fail(failed, code=1)
+    summary.show()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -913,23 +575,16 @@ def eval_bon(
     killed evaluation where it stopped, without duplicating or losing records (docs/evaluation.md).
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from rich.text import Text
 
-    from teacli.eval.bon import EvalError, EvalInterrupted, default_run_dir, evaluate, init_base_arm
+    from teacli.eval.bon import EvalError, default_run_dir, evaluate, init_base_arm, resume_line
+    from teacli.models import plain_progress
 
-    _plain_progress()
-
-    class Speed(ProgressColumn):
-        def render(self, task) -> Text:
-            return Text("– completions/s" if not task.speed else f"{task.speed:.2f} completions/s")
-
+    plain_progress()  # off a terminal: transformers' and huggingface_hub's bars off, tea's lines instead (docs/cli.md)
     console = Console(stderr=True)
     try:
         runs = list(run_dirs) if run_dirs else [default_run_dir()]
     except EvalError as exc:
         _fail(str(exc))
-        return
     if rehearse and recipe is None:
         _fail("--rehearse: give --recipe R and --checkpoint base (a rehearsal run's own evaluations are rehearsals already)")
     if recipe is not None:
@@ -943,23 +598,15 @@ def eval_bon(
         why = "the current directory" if runs[0] == Path.cwd() else "the most recently active run under runs/"
         typer.echo(f"no RUN_DIR given: evaluating {runs[0]} ({why})", err=True)
     for i, run in enumerate(runs):
-        columns = (TextColumn(run.name), BarColumn(), MofNCompleteColumn(), Speed(), TimeElapsedColumn(), TimeRemainingColumn())
         try:
-            with _LazyBar(*columns, console=console, label=run.name) as bar:
+            with progress_bar(run.name, speed="completions", console=console) as bar:
                 result = evaluate(run, M=n, split=split, checkpoint=checkpoint, data_dir=data_dir, overrides=set_,
                                   progress=bar.update, log=lambda msg: console.print(f"{run.name}: {msg}", markup=False, highlight=False))
         except (EvalError, ValueError) as exc:
             _fail(str(exc) if str(run) in str(exc) else f"{run}: {exc}")
-            return
         except KeyboardInterrupt as exc:  # Ctrl-C: what is on disk, and the command that goes on from it (this run and the rest)
-            import shlex
-
-            where = str(exc) if isinstance(exc, EvalInterrupted) else f"interrupted before evaluating {run} (nothing sampled in it)"
-            again = ["tea", "eval-bon", *(str(r) for r in runs[i:]), *(["--n", str(n)] if n else []),
-                     *(["--split", split] if split else []), *(["--checkpoint", checkpoint] if checkpoint != "selected" else []),
-                     *(["--data-dir", data_dir] if data_dir else []), *(["--recipe", recipe] if recipe else []),
-                     *(a for item in set_ for a in ("--set", item))]
-            typer.echo(f"{where}; to go on from there, run: {shlex.join(again)}", err=True)
+            typer.echo(resume_line(exc, runs[i:], M=n, split=split, checkpoint=checkpoint, data_dir=data_dir, recipe=recipe,
+                                   overrides=set_), err=True)
             raise typer.Exit(130)
         s = result.summary
         values = "  ".join(f"bo{k} {v:.3f}" for k, v in zip(s["N"], s["mean"]))
@@ -1003,23 +650,11 @@ def report(
     Reads run directories only (eval/, judge/, recipe.yaml) and writes the paper's table layouts as
     Markdown, LaTeX and CSV plus frontier.png and delta.png (docs/evaluation.md).
     """
-    from teacli.report.build import ReportError, build_report, default_report_runs
+    from teacli.report.build import ReportError, build_report, default_report_runs, judge_warnings, parse_endpoints, parse_pairs
     from teacli.tables import markdown
 
     try:
-        ends = [int(x) for x in endpoints.replace(" ", "").split(",") if x] if endpoints else None
-    except ValueError:
-        _fail(f"--endpoints {endpoints!r}: expected numbers separated by commas, e.g. 64,128,256")
-        return
-    pairs: dict[str, str] = {}
-    for item in pair:
-        run, sep, base = item.partition("=")
-        if not sep or not run.strip() or not base.strip():
-            _fail(f"--pair {item!r}: expected RUN=BASELINE, e.g. --pair runs/tea_m16=runs/grpo_m16")
-        if pairs.get(run.strip(), base.strip()) != base.strip():
-            _fail(f"--pair {run.strip()}: given two baselines ({pairs[run.strip()]} and {base.strip()})")
-        pairs[run.strip()] = base.strip()
-    try:
+        ends, pairs = parse_endpoints(endpoints), parse_pairs(pair)
         runs = list(run_dirs) if run_dirs else default_report_runs(checkpoint=checkpoint)
         if not run_dirs:
             typer.echo(f"no RUN_DIR given: reporting {', '.join(str(r) for r in runs)}", err=True)
@@ -1027,15 +662,11 @@ def report(
                               checkpoint=checkpoint, endpoints=ends, base_arm=base_arm, levels=bootstrap_levels)
     except ReportError as exc:
         _fail(str(exc))
-        return
     for table in result.tables:
         if table.name in ("frontier", "endpoints", "win_tie_loss", "best_tta", "vs_base", "seeds", "judge"):
             typer.echo(markdown(table))
-    for r in result.report.runs:  # a failed judge is left out of the judge table (report.md's notes say so too)
-        for j in r.judge:
-            if not j.win + j.loss:
-                typer.echo(f"{r.name}: judge/{j.other}-bo{j.N}.jsonl has no valid verdict ({j.invalid} invalid); left out "
-                           f"of the judge table (rerun tea judge with --retry-invalid)", err=True)
+    for line in judge_warnings(result.report):
+        typer.echo(line, err=True)
     plotted = ", plots" if any(p.suffix == ".png" for p in result.files) else ""
     typer.echo(f"wrote {len(result.files)} files to {result.out} (report.md, report.tex, summary.json, tables{plotted})")
 
@@ -1060,13 +691,12 @@ def serve_rm(
     Training and evaluation jobs use it with `reward.kind: remote` and
     `reward.url: http://HOST:PORT/get_reward`; OpenRLHF's --remote_rm_url works too (docs/models.md).
     """
-    from teacli.config import RecipeError, find_recipe, load_recipe
     from teacli.rewards.server import serve
 
+    r = _recipe(recipe, set_, runnable=False)
     try:
-        serve(load_recipe(find_recipe(recipe), set_, runnable=False), host=host, port=port, token_env=token_env,
-              max_body_mb=max_body_mb)
-    except (RecipeError, ValueError) as exc:
+        serve(r, host=host, port=port, token_env=token_env, max_body_mb=max_body_mb)
+    except ValueError as exc:  # RecipeError included
         _fail(str(exc))
 
 
@@ -1074,25 +704,8 @@ def main() -> None:
     """Console entry point. Accepts the `--local_rank=N` (or `--local_rank N`) that the deepspeed launcher adds."""
     import sys
 
-    args = sys.argv[1:]
-    for i, arg in enumerate(args):
-        if arg == "--local_rank" or arg.startswith("--local_rank="):
-            inline = "=" in arg
-            value = arg.partition("=")[2] if inline else (args[i + 1] if i + 1 < len(args) else "")
-            if not value.isdigit():
-                _main_fail(f"--local_rank expects a GPU index (the deepspeed launcher passes --local_rank=N), got {value!r}")
-            os.environ.setdefault("LOCAL_RANK", value)
-            del args[i : i + (1 if inline else 2)]
-            sys.argv[1:] = args
-            break
+    sys.argv[1:] = take_local_rank(sys.argv[1:])
     app(prog_name="tea")
-
-
-def _main_fail(message: str) -> None:
-    try:
-        _fail(message)
-    except typer.Exit as exc:
-        raise SystemExit(exc.exit_code) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

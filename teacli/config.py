@@ -1193,3 +1193,25 @@ def find_study(name_or_path: str) -> Path:
     packaged one); RecipeError as for find_recipe."""
     studies = [p for d in recipe_dirs() for p in sorted((d / "studies").glob("*.yaml"))]
     return _find(name_or_path, "study", studies, "studies live in recipes/studies/")
+
+
+def recipe_summary(path: str | Path, recipe: Recipe) -> dict[str, Any]:
+    """`tea recipes list`'s row of a recipe: its name and file (relative to the working directory where it is
+    below it), method, group size, N_target (rules that have one), policy, reward, dataset and LoRA."""
+    params = recipe.advantage.params
+    reward = recipe.reward.name_or_path if recipe.reward.kind == "hf" else recipe.reward.function or recipe.reward.kind
+    try:
+        rel = str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        rel = str(path)
+    return {
+        "name": recipe.name,
+        "path": rel,
+        "advantage": recipe.advantage.name,
+        "m": recipe.rollout.group_size,
+        "n_target": params.get("n_target") if recipe.advantage.name in ("tea", "tea_raw", "prefix_tea", "cat_bon") else None,
+        "policy": recipe.policy.name_or_path,
+        "reward": reward,
+        "dataset": recipe.data.dir,
+        "lora": recipe.policy.lora.enabled,
+    }

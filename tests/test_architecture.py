@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "memory": set(),  # byte arithmetic of states, activations, KV caches: the planner, the trainer, the vllm engine
     "http": set(),  # the remote reward's and the judge's retry, Retry-After and local-host rules
     "tables": set(),  # the Markdown/LaTeX/CSV table writer of report/ and diagnostics/
+    "console": {"cache"},  # what every command shows on the terminal: help, one-line errors (a path in TEA_CACHE), progress
     "monitors": {"rundir"},  # the reward-hacking watch and the tail check: train/ and report/ both use them
     "data": {"types", "cache"},  # cache: the packaged prompt sets are prepared there
     "config": {"advantages"},  # validating advantage.name runs the rule once (an importlib import)

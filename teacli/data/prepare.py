@@ -84,6 +84,38 @@ class PrepareSummary:
     bad_samples: tuple[str, ...]  # a few "where: reason" lines for undecodable rows
 
 
+def print_summary(summary: PrepareSummary) -> None:
+    """What `tea prepare-data` prints: the filters' counts and the splits as tables and the checks on stdout,
+    the skipped undecodable rows on stderr."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    m = summary.manifest
+    console = Console()
+    filters = Table(title=f"prepare-data {m['source']}: filters")
+    filters.add_column("step")
+    filters.add_column("prompts", justify="right")
+    for step, n in m["filters"].items():
+        filters.add_row(step, f"{n:,}")
+    console.print(filters)
+    splits = Table(title=f"splits (seed {m['options']['seed']}, {m['unused']:,} unused)")
+    for col in ("file", "prompts", "sha256"):
+        splits.add_column(col, justify="right" if col == "prompts" else "left")
+    for entry in m["splits"].values():
+        note = " (capped)" if entry.get("capped") else ""
+        splits.add_row(entry["file"], f"{entry['size']:,}{note}", entry["sha256"][:16])
+    console.print(splits)
+    warn = Console(stderr=True)
+    for line in summary.bad_samples:
+        warn.print(f"[yellow]skipped undecodable row[/yellow] {escape(line)}")
+    checks = m["checks"]
+    ok = checks["disjoint"] and checks["cores_nested_in_heldout"] and not checks["test_overlap_in_outputs"]
+    console.print(f"checks: {'ok' if ok else 'FAILED'} (disjoint splits, cores nested, no test overlap)")
+    verb = "unchanged (identical files already there)" if summary.status == "unchanged" else "written"
+    console.print(f"{escape(str(summary.out))}: {verb}")
+
+
 def prepare(
     source: str,
     out: Path,

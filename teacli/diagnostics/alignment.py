@@ -664,6 +664,16 @@ def public(table: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, d
             for rule, row in table.items()}
 
 
+def skipped_notes(table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """One line per rule that could not use some budgets m, with the reason of the first."""
+    lines = []
+    for rule, row in table.items():
+        skipped = [m for m, c in row.items() if c.get("skipped")]
+        if skipped:
+            lines.append(f"{rule}: skipped at m = {', '.join(skipped)} ({row[skipped[0]]['skipped']})")
+    return lines
+
+
 def tables(table: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any]) -> list:
     from teacli.tables import Table
 

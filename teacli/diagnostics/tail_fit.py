@@ -234,6 +234,18 @@ def _public(result: dict[str, Any]) -> dict[str, Any]:
             "runs": {name: {k: v for k, v in e.items() if not k.startswith("_")} for name, e in result["runs"].items()}}
 
 
+def degenerate_notes(result: dict[str, Any]) -> list[str]:
+    """One line per run with degenerate prompts (all rewards in the range equal, or fewer than 3 samples there),
+    which the summary leaves out."""
+    lines = []
+    for name, e in result["runs"].items():
+        degenerate = e["degenerate"]["flat"] + e["degenerate"]["too_few"]
+        if degenerate:
+            lines.append(f"{name}: {degenerate} of {e['prompts']} prompt(s) degenerate ({e['degenerate']['flat']} flat, "
+                         f"{e['degenerate']['too_few']} with fewer than 3 samples in the range); left out of the summary")
+    return lines
+
+
 def tables(result: dict[str, Any]) -> list:
     from teacli.tables import Table
 

@@ -67,6 +67,20 @@ class EvalInterrupted(KeyboardInterrupt):
     """Ctrl-C during an evaluation; its text says what is safely on disk (whole records only)."""
 
 
+def resume_line(exc: KeyboardInterrupt, runs: Sequence[Path], *, M: int | None, split: str | None, checkpoint: str,
+                data_dir: str | None, recipe: str | None, overrides: Sequence[str]) -> str:
+    """What Ctrl-C during `tea eval-bon` prints: what is on disk (an EvalInterrupted says) and the command that goes
+    on from there, for runs[0], the run it stopped in, and the runs after it."""
+    import shlex
+
+    where = str(exc) if isinstance(exc, EvalInterrupted) else f"interrupted before evaluating {runs[0]} (nothing sampled in it)"
+    again = ["tea", "eval-bon", *(str(r) for r in runs), *(["--n", str(M)] if M else []),
+             *(["--split", split] if split else []), *(["--checkpoint", checkpoint] if checkpoint != "selected" else []),
+             *(["--data-dir", data_dir] if data_dir else []), *(["--recipe", recipe] if recipe else []),
+             *(a for item in overrides for a in ("--set", item))]
+    return f"{where}; to go on from there, run: {shlex.join(again)}"
+
+
 # ------------------------------------------------------------------------------------------------
 # Which run, which checkpoint, which files
 

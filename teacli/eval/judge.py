@@ -197,6 +197,32 @@ class JudgeSummary:
     def pairs(self) -> int:
         return self.wins + self.losses + self.invalid
 
+    def no_valid_verdict(self) -> str | None:
+        """Pairs judged and none of them a valid verdict: a failed job, not a 0–0 result; the line that says so."""
+        if not (self.pairs and self.wins + self.losses == 0):
+            return None
+        return (f"every verdict was invalid ({self.invalid} of {self.pairs} pairs: no reply of {self.model} parsed "
+                f"as a verdict); they are recorded in {self.path} (fields error and raw); check --model and --base-url, "
+                f"then rerun with --retry-invalid")
+
+    def show(self) -> None:
+        """What `tea judge` prints on stdout: the W–L table, the prompts dropped, what was judged now and kept."""
+        from rich.console import Console
+        from rich.table import Table
+
+        win = "–" if self.win_rate is None else f"{100 * self.win_rate:.1f}%"
+        table = Table(title=f"judge {self.model} ({self.split})")
+        for col in ("Self", "Sel.", "Other", "Pairs", "W–L", "Win", "Invalid"):
+            table.add_column(col, justify="right" if col in ("Pairs", "W–L", "Win", "Invalid") else "left")
+        table.add_row(self.self_name, self.select, self.other_name, str(self.pairs), f"{self.wins}–{self.losses}", win,
+                      str(self.invalid))
+        Console().print(table)
+        dropped = self.only_self + self.only_other
+        if dropped:
+            print(f"{dropped} prompt(s) dropped: {self.only_self} only in RUN_A, {self.only_other} only in RUN_B")
+        print(f"{self.judged} judged now ({self.cache_hits} from the cache, {self.requests} request(s)), {self.kept} kept from before")
+        print(f"wrote {self.path}")
+
 
 # ------------------------------------------------------------------------------------------------
 # Selection

@@ -113,7 +113,6 @@ def watch_run(run_dir, patterns: Sequence[re.Pattern[str]], baseline: Sequence[s
     """The watch on a finished run directory: jump steps of metrics.jsonl, the watch fields of
     validation.jsonl rows (runs that recorded them), and the pattern and new-phrase shares of the
     selected checkpoint's best-of-N picks (eval/*.best.json.gz, where evaluated)."""
-    import gzip
     import json
     from pathlib import Path
 
@@ -136,12 +135,36 @@ def watch_run(run_dir, patterns: Sequence[re.Pattern[str]], baseline: Sequence[s
                 r = json.loads(line)
                 out["checkpoints"].append({k: v for k, v in r.items() if k == "step" or k.startswith("watch_")})
     for best in sorted((run_dir / "eval").glob("*.best.json.gz")):
-        try:
-            picks = [p["response"] for p in json.loads(gzip.open(best, "rt").read())]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise WatchError(f"{best}: unreadable best-of-N picks ({e})") from None
-        out["eval"].append({"file": best.name, **watch(picks, patterns, baseline)})
+        out["eval"].append({"file": best.name, **watch(read_picks(best), patterns, baseline)})
     return out
+
+
+def read_picks(path) -> list[str]:
+    """The responses of an eval-bon best-of-N picks file (*.best.json.gz); a WatchError naming it if unreadable."""
+    import gzip
+    import json
+
+    try:
+        return [p["response"] for p in json.loads(gzip.open(path, "rt").read())]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WatchError(f"{path}: unreadable best-of-N picks ({e})") from None
+
+
+def markdown_rows(results: Sequence[dict]) -> list[str]:
+    """`tea diagnose hacking`'s table, one row per watch_run result: jump steps, each checkpoint's pattern share,
+    and the first evaluation's picks with their pattern and new-phrase shares."""
+
+    def pct(v: float | None) -> str:
+        return "–" if v is None else f"{v:.0%}"
+
+    lines = ["| run | reward_max jumps (steps) | checkpoints: pattern share | eval picks | pattern share | new-phrase share |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        ck = ", ".join(f"{c['step']}: {pct(c.get('watch_pattern_share'))}" for c in r["checkpoints"]) or "–"
+        ev = r["eval"][0] if r["eval"] else {}
+        lines.append(f"| {r['run']} | {', '.join(map(str, r['jumps'])) or 'none'} | {ck} | {ev.get('watch_picks', '–')} | "
+                     f"{pct(ev.get('watch_pattern_share'))} | {pct(ev.get('watch_new_ngram_share'))} |")
+    return lines
 
 
 def report_cells(runs: Sequence) -> tuple[str, str]:

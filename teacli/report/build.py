@@ -277,6 +277,13 @@ def _safe(name: str) -> str:
 # Notes and summary
 
 
+def judge_warnings(rep: Report) -> list[str]:
+    """A judge file without any valid verdict is left out of the judge table (report.md's notes say so too): a line
+    for stderr each."""
+    return [f"{r.name}: judge/{j.other}-bo{j.N}.jsonl has no valid verdict ({j.invalid} invalid); left out "
+            f"of the judge table (rerun tea judge with --retry-invalid)" for r in rep.runs for j in r.judge if not j.win + j.loss]
+
+
 def notes(rep: Report) -> list[str]:
     """How the report was computed and how each row was chosen (the top of report.md)."""
     pairs = [(r, b) for r, b in rep.base_of.items() if b is not None and b != rep.baseline]
@@ -469,6 +476,28 @@ def write_outputs(rep: Report, tabs: list[T.Table], directory: Path, plots: bool
 
 # ------------------------------------------------------------------------------------------------
 # The driver
+
+
+def parse_pairs(items: Sequence[str]) -> dict[str, str]:
+    """`--pair RUN=BASELINE` options (repeatable) → {run: its baseline}; a malformed item or a run given two
+    baselines is a ReportError naming it."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        run, sep, base = item.partition("=")
+        if not sep or not run.strip() or not base.strip():
+            raise ReportError(f"--pair {item!r}: expected RUN=BASELINE, e.g. --pair runs/tea_m16=runs/grpo_m16")
+        if pairs.get(run.strip(), base.strip()) != base.strip():
+            raise ReportError(f"--pair {run.strip()}: given two baselines ({pairs[run.strip()]} and {base.strip()})")
+        pairs[run.strip()] = base.strip()
+    return pairs
+
+
+def parse_endpoints(text: str | None) -> list[int] | None:
+    """`--endpoints 64,128,256` → [64, 128, 256]; None (not given) → None (the three largest N)."""
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x] if text else None
+    except ValueError:
+        raise ReportError(f"--endpoints {text!r}: expected numbers separated by commas, e.g. 64,128,256") from None
 
 
 @dataclass

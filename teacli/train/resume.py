@@ -1,5 +1,6 @@
 """Where `tea train` starts: the run directory's lock, the resume rules, and the run's files, written
-once every check has passed (docs/training.md, "One writer" and "Resume").
+once every check has passed (docs/training.md, "One writer" and "Resume"); and where it stops: SIGTERM
+taken as Ctrl-C, and the line that says where the run stopped and the command that resumes it (docs/cli.md).
 
 Rank 0 decides and writes; `on_rank0` hands its answer, or its error, to every rank of the launch.
 """
@@ -8,15 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from teacli.rundir import RecordError, RunDir, exclusive, finished_evals, step_dir_name, write_text_atomic
-from teacli.train.errors import TrainError
+from teacli.train.errors import Interrupted, TrainError
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
@@ -275,3 +277,43 @@ def check_selection(run: RunDir, recipe: "Recipe") -> str | None:
     write_text_atomic(run.selected, json.dumps(best, indent=2) + "\n")
     return (f"{why}, but the validation rows ({run.validation.name}) select step {best['step']} (score "
             f"{best['score']:.4f}): rewrote {run.selected} (the run stopped while choosing its checkpoint?)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Stopping: SIGTERM as Ctrl-C, and the command that resumes
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """While the block runs, SIGTERM (kill, a cluster's scheduler) stops training as Ctrl-C does: a KeyboardInterrupt.
+    Yields a one-item list holding the signal that stopped it (SIGINT until a SIGTERM came), for the exit code
+    128 + N. A second SIGTERM is not caught; off the main thread, signals stay as they are."""
+    stopped_by = [int(signal.SIGINT)]
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        stopped_by[0] = signum
+        signal.signal(signal.SIGTERM, previous)  # a second one is not caught
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: signals stay as they are
+        previous = None
+    try:
+        yield stopped_by
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def resume_line(exc: KeyboardInterrupt, recipe: str, overrides: Sequence[str], run_dir: Path) -> str:
+    """What a stopped `tea train RECIPE --set ...` prints: where it stopped (an Interrupted says, once training)
+    and the command that resumes it, e.g. `interrupted in step 7 (generation) of runs/x; to resume from its last
+    checkpoint, step 6, run: tea train recipe.yaml --run-dir runs/x`."""
+    import shlex
+
+    where = str(exc) if isinstance(exc, Interrupted) else f"interrupted while setting up {run_dir} (nothing trained in this attempt); to go on"
+    again = ["tea", "train", recipe, *(a for item in overrides for a in ("--set", item)), "--run-dir", str(run_dir)]
+    return f"{where}, run: {shlex.join(again)}"
