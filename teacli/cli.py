@@ -522,11 +522,10 @@ def judge(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         n = parse_select(select)
-        config = JudgeConfig(
+        config = JudgeConfig(  # checked as it is made: JudgeError names the option
             model=model, base_url=base_url, concurrency=concurrency, seed=seed, timeout_s=timeout,
             max_attempts=max_attempts, retry_invalid=retry_invalid, api_key_env=api_key_env,
         )
-        config.check()
         key = resolve_api_key(base_url, api_key_env)
         with progress_bar("judge", remaining=False, transient=True) as bar:
             summary = judge_runs(run_a, run_b, n, split=split, config=config, api_key=key, progress=bar.update)

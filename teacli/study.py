@@ -1,6 +1,7 @@
 """`tea study`: train, evaluate and report a set of recipes as one comparison, skipping what is done.
 
-A study file (recipes/studies/*.yaml; the reference is docs/recipes.md, "Study files"):
+A study file (recipes/studies/*.yaml; the reference is docs/recipes.md, "Study files"; its schema, each key
+declared and documented once, is teacli/config/study.py):
 
     name: uf_m_to_n
     recipes: [uf_llama1b_grpo_m16, uf_llama1b_tea_m16, uf_llama1b_grpo, uf_llama1b_tea]  # names or paths
@@ -55,22 +56,18 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from teacli import rundir
-from teacli.config import RECIPES_DIR, RecipeError, find_recipe, load_recipe, read_yaml
+from teacli.config import Study, StudyError, load_recipe, read_study, shipped_studies  # noqa: F401  (re-exported)
 from teacli.data.prepare import split_names
 from teacli.data.sources import PACKAGED
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
-
-
-class StudyError(ValueError):
-    """A study file problem, naming the key and the file."""
 
 
 class StagesFailed(RuntimeError):
@@ -85,187 +82,12 @@ class StudyInterrupted(RuntimeError):
         self.signum = signum
 
 
-@dataclass
-class Study:
-    name: str
-    recipes: list[Path]
-    runs: list[str]  # run names (the recipes' `name`), in recipe order
-    baseline: str
-    split: str
-    n: int
-    report_out: Path
-    pairs: dict[str, str] = field(default_factory=dict)  # run → its own baseline
-    checkpoint: str = "selected"
-    bootstrap: int = 1000
-    seed: int = 0
-    endpoints: list[int] | None = None
-    runs_dir: Path = Path("runs")
-    launcher: list[str] = field(default_factory=list)
-    seeds: list[int] | None = None  # None: one run per recipe, named by the recipe
-    base: str | None = None  # the recipe (run name) whose untrained policy is the base arm
-    partial: bool = False  # only some of the seeds (`--seeds`): no report stage
-
-    def run_dirs(self, name: str) -> list[tuple[Path, int | None]]:
-        """(run directory, seed) of every training run of recipe `name`."""
-        if self.seeds is None:
-            return [(self.runs_dir / name, None)]
-        return [(self.runs_dir / f"{name}-s{seed}", seed) for seed in self.seeds]
-
-    def base_dir(self) -> Path | None:
-        """The base arm's run-like directory (recipe.yaml + eval/base/), or None without `base`."""
-        return None if self.base is None else self.runs_dir / f"{self.base}-base"
-
-
-KEYS = {"name", "recipes", "baseline", "pairs", "eval", "report", "runs_dir", "launcher", "seeds", "base"}
-EVAL_KEYS = {"split", "n", "checkpoint"}
-REPORT_KEYS = {"out", "bootstrap", "seed", "endpoints"}
-
-
-def shipped_studies() -> list[Path]:
-    """The studies packaged with tea (names resolve with teacli.config.find_study: ./recipes first)."""
-    return sorted((RECIPES_DIR / "studies").glob("*.yaml"))
-
-
-def _positive_int(value: Any, where: str, minimum: int = 1, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise StudyError(f"{where} must be an integer >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise StudyError(f"{where} must be an integer <= {maximum}, got {value!r}")
-    return value
-
-
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise StudyError(f"{where} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _section(data: dict, key: str, allowed: set[str], path: Path) -> dict:
-    section = data.get(key) or {}
-    if not isinstance(section, dict):
-        raise StudyError(f"{path}: '{key}' must be a mapping, got {section!r}")
-    unknown = sorted(set(section) - allowed)
-    if unknown:
-        raise StudyError(f"{path}: unknown key(s) {', '.join(f'{key}.{k}' for k in unknown)}; valid: {', '.join(sorted(allowed))}")
-    return section
-
-
 def load_study(path: str | Path, launcher: str | None = None) -> Study:
-    """Read and check a study file; `launcher` (the command line's) replaces the file's `launcher:`."""
-    path = Path(path)
-    try:
-        data = read_yaml(path)  # the recipe loader: duplicate keys are errors, 1e-5 is a number
-    except RecipeError as exc:
-        raise StudyError(str(exc).replace("recipe file not found", "study file not found")) from None
-    if not isinstance(data, dict):
-        raise StudyError(f"{path}: a study must be a YAML mapping with at least 'recipes'")
-    unknown = sorted(set(data) - KEYS)
-    if unknown:
-        raise StudyError(f"{path}: unknown study key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(KEYS))}")
-    names = data.get("recipes")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise StudyError(f"{path}: 'recipes' must be a non-empty list of recipe names or paths")
-    recipes, runs, alias, loaded = [], [], {}, []
-    for name in names:
-        try:
-            candidate = (path.parent / name) if (path.parent / name).is_file() else find_recipe(name)
-            recipe = load_recipe(candidate)  # validate now: a bad recipe fails before hours of training
-        except RecipeError as exc:
-            raise StudyError(f"{path}: recipes: {exc}") from None
-        if recipe.name in runs:
-            raise StudyError(f"{path}: recipes: two recipes are named {recipe.name!r}; they would share runs/{recipe.name}")
-        recipes.append(Path(candidate))
-        loaded.append(recipe)
-        runs.append(recipe.name)
-        alias[recipe.name] = alias[Path(candidate).stem] = recipe.name
-
-    def run_of(value: Any, where: str) -> str:
-        if not isinstance(value, str) or value not in alias:
-            raise StudyError(f"{path}: {where} {value!r} is not one of the study's runs ({', '.join(runs)})")
-        return alias[value]
-
-    baseline = run_of(data["baseline"], "baseline") if "baseline" in data else runs[0]
-    raw_pairs = data.get("pairs") or {}
-    if not isinstance(raw_pairs, dict):
-        raise StudyError(f"{path}: 'pairs' must be a mapping RUN: BASELINE, got {raw_pairs!r}")
-    pairs = {}
-    for run, base in raw_pairs.items():
-        r, b = run_of(run, "pairs: run"), run_of(base, f"pairs.{run}:")
-        if r == b:
-            raise StudyError(f"{path}: pairs.{run}: a run cannot be its own baseline")
-        pairs[r] = b
-
-    ev = _section(data, "eval", EVAL_KEYS, path)
-    rep = _section(data, "report", REPORT_KEYS, path)
-    checkpoint = str(ev.get("checkpoint", "selected"))
-    try:
-        rundir.parse_checkpoint_spec(checkpoint)
-    except ValueError:
-        raise StudyError(f"{path}: eval.checkpoint must be selected, base or step_N (e.g. step_450), got {checkpoint!r}") from None
-    endpoints = rep.get("endpoints")
-    if endpoints is not None:
-        if not isinstance(endpoints, list) or not endpoints:
-            raise StudyError(f"{path}: report.endpoints must be a list of N, e.g. [128, 256, 512], got {endpoints!r}")
-        endpoints = [_positive_int(n, f"{path}: report.endpoints") for n in endpoints]
-    raw_launcher = data.get("launcher") if launcher is None else launcher
-    if raw_launcher is None or raw_launcher == "":
-        launch: list[str] = []
-    elif isinstance(raw_launcher, str):
-        launch = shlex.split(raw_launcher)
-    elif isinstance(raw_launcher, list) and all(isinstance(x, str) for x in raw_launcher):
-        launch = list(raw_launcher)
-    else:
-        raise StudyError(f"{path}: launcher must be a command line such as \"deepspeed --num_gpus 8 --module\", got {raw_launcher!r}")
-    seeds = None
-    if "seeds" in data:
-        raw = data["seeds"]
-        if not isinstance(raw, list) or not raw:
-            raise StudyError(f"{path}: seeds must be a non-empty list of training seeds, e.g. [0, 1, 2], got {raw!r}")
-        seeds = [_positive_int(x, f"{path}: seeds", minimum=0) for x in raw]
-        if len(set(seeds)) != len(seeds):
-            raise StudyError(f"{path}: seeds: {seeds} repeats a seed; each seed is one training run")
-    base = None
-    raw_base = data.get("base", False)
-    if raw_base is True:
-        base = baseline
-    elif isinstance(raw_base, str):
-        base = run_of(raw_base, "base")
-    elif raw_base not in (False, None):
-        raise StudyError(f"{path}: base must be true (the baseline's recipe), false or a recipe of the study, got {raw_base!r}")
-    if base is not None and checkpoint == "base":
-        raise StudyError(f"{path}: base: with eval.checkpoint base would evaluate the untrained policy twice; drop one")
-    name = _text(data.get("name", path.stem), f"{path}: name")
-    split = _text(ev.get("split", "core250"), f"{path}: eval.split")
-    n = _positive_int(ev.get("n", 256), f"{path}: eval.n")
-    _check_outputs(path, loaded, split, n, checkpoint, endpoints)
-    from teacli.eval.stats import MAX_RESAMPLES, MIN_RESAMPLES
-
-    runs_dir = Path(_text(str(data.get("runs_dir", "runs")), f"{path}: runs_dir"))
-    for parent in (runs_dir, *runs_dir.parents):  # the nearest part that exists must be a directory (a dry run checks it too)
-        if parent.exists() or parent.is_symlink():
-            if not parent.is_dir():
-                what = f"runs_dir {str(runs_dir)!r}" + ("" if parent == runs_dir else f": {str(parent)!r}")
-                raise StudyError(f"{path}: {what} is {'a file' if parent.is_file() else 'not a directory'}; the study's run "
-                                 f"directories go under runs_dir: name a directory (or a path that does not exist yet)")
-            break
-    return Study(
-        name=name,
-        recipes=recipes,
-        runs=runs,
-        baseline=baseline,
-        pairs=pairs,
-        split=split,
-        n=n,
-        checkpoint=checkpoint,
-        report_out=Path(_text(rep.get("out", f"report/{name}"), f"{path}: report.out")),
-        bootstrap=_positive_int(rep.get("bootstrap", 1000), f"{path}: report.bootstrap", minimum=MIN_RESAMPLES, maximum=MAX_RESAMPLES),
-        seed=_positive_int(rep.get("seed", 0), f"{path}: report.seed", minimum=0),
-        endpoints=endpoints,
-        runs_dir=runs_dir,
-        launcher=launch,
-        seeds=seeds,
-        base=base,
-    )
+    """Read and check a study file (teacli/config/study.py: the schema) and what its stages would otherwise find only
+    after training (`_check_outputs`); `launcher` (the command line's) replaces the file's `launcher:`."""
+    study, recipes = read_study(path, launcher)
+    _check_outputs(Path(path), recipes, study.split, study.n, study.checkpoint, study.endpoints)
+    return study
 
 
 def _steps_text(steps: list[int]) -> str:

@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "console": {"cache"},  # what every command shows on the terminal: help, one-line errors (a path in TEA_CACHE), progress
     "monitors": {"rundir"},  # the reward-hacking watch and the tail check: train/ and report/ both use them
     "data": {"types", "cache"},  # cache: the packaged prompt sets are prepared there
-    "config": {"advantages"},  # validating advantage.name runs the rule once (an importlib import)
+    "config": {"advantages", "rundir"},  # validating advantage.name runs the rule once (an importlib import); rundir: a study's eval.checkpoint
     "models": {"config", "logprobs", "cache"},  # cache: converted pypi: models  # sdpa_gqa uses the NaN-safe mask of the log-prob forward
     "lora": {"config"},
     "standins": {"config", "models"},  # a rehearsal's stand-ins: model configs, tokenizer and prompts; model sizes

@@ -108,6 +108,20 @@ def test_bad_study_is_one_line_naming_the_key(tmp_path, text, message):
     assert message in " ".join(res.stderr.split())
 
 
+def test_the_study_schema_documents_every_key_and_bounds_bootstrap_as_tea_report_does():
+    """teacli/config/study.py declares every study key once, with a documentation line; report.bootstrap's declared
+    range is the one `tea report --bootstrap` takes (teacli.eval.stats)."""
+    import dataclasses
+
+    from teacli.config import StudyEval, StudyFile, StudyReport
+    from teacli.eval.stats import MAX_RESAMPLES, MIN_RESAMPLES
+
+    for cls in (StudyFile, StudyEval, StudyReport):
+        assert all(f.metadata.get("doc") for f in dataclasses.fields(cls)), cls
+    bootstrap = next(f for f in dataclasses.fields(StudyReport) if f.name == "bootstrap").metadata
+    assert (bootstrap["ge"], bootstrap["le"]) == (MIN_RESAMPLES, MAX_RESAMPLES)
+
+
 def test_study_checks_splits_checkpoints_and_validation_of_its_own_recipes(tmp_path):
     """eval.split against a prepared data directory's files, a step that keep_last deletes, and `selected`
     without validation: each one line naming the recipe and the key, before anything runs."""

@@ -45,19 +45,22 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
-from urllib.parse import urlsplit
 
 import httpx
 
+from teacli.config.judge import (  # noqa: F401  (re-exported: the judge's settings, declared in teacli/config/)
+    DEFAULT_API_KEY_ENV,
+    DEFAULT_BASE_URL,
+    DEFAULT_MODEL,
+    DEFAULT_SPLIT,
+    JudgeConfig,
+    JudgeError,
+)
 from teacli.http import backoff_delay, is_local_url, retry_after_seconds
 from teacli.rundir import exclusive, finished_evals
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "deepseek-v4-pro"  # the paper's judge, DeepSeek-v4 Pro, by its name at DeepSeek's API
-DEFAULT_BASE_URL = "https://api.deepseek.com/v1"
-DEFAULT_API_KEY_ENV = "DEEPSEEK_API_KEY"
-DEFAULT_SPLIT = "core250"
 RETRY_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
 CACHE_FILE = ".cache.jsonl"
 UNPARSEABLE = "unparseable reply"  # the error of an invalid record that a real reply earned
@@ -103,58 +106,12 @@ Which response is the better reply to the last user turn of the conversation? \
 Answer with the JSON object only."""
 
 
-class JudgeError(ValueError):
-    """Bad input, options or endpoint for `tea judge`; the message says what to do."""
-
-
 class JudgeUnavailable(JudgeError):
     """The endpoint gave no usable reply after the retries (unreachable, timing out, 429 / 5xx)."""
 
 
 class VerdictError(ValueError):
     """A judge reply holding no valid verdict."""
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    """How to reach the judge and how hard to try."""
-
-    model: str = DEFAULT_MODEL
-    """Model name sent to the endpoint (DeepSeek: deepseek-v4-pro, the paper's judge; vllm: the served model name)."""
-    base_url: str = DEFAULT_BASE_URL
-    """OpenAI-compatible base URL; requests go to <base_url>/chat/completions."""
-    concurrency: int = 8
-    """At most this many requests in flight."""
-    seed: int = 0
-    """Seed of the per-prompt presentation order."""
-    timeout_s: float = 120.0
-    """Deadline of one request (connect + reply), after which it is retried."""
-    max_attempts: int = 5
-    """Requests per pair, the first included, before it is recorded as invalid (an unparseable reply)
-    or the run stops (no reply: a transport failure)."""
-    backoff_s: float = 1.0
-    """Delay before the first retry; doubles each retry (times a jitter in [0.5, 1])."""
-    backoff_max_s: float = 60.0
-    """Cap of the exponential delay."""
-    retry_after_max_s: float = 300.0
-    """Cap of a server's Retry-After that is honoured."""
-    temperature: float = 0.0
-    max_tokens: int = 8192
-    """Room for the reply; DeepSeek-v4 Pro thinks by default and its reasoning counts against this."""
-    retry_invalid: bool = False
-    """Judge again the pairs whose existing record is invalid (valid ones are always kept)."""
-    api_key_env: str = DEFAULT_API_KEY_ENV
-    """The environment variable the API key was read from (`--api-key-env`), named when the endpoint answers 401/403."""
-
-    def check(self) -> None:
-        if self.concurrency < 1:
-            raise JudgeError(f"--concurrency must be ≥ 1, got {self.concurrency}")
-        if self.max_attempts < 1:
-            raise JudgeError(f"--max-attempts must be ≥ 1, got {self.max_attempts}")
-        if not self.timeout_s > 0:
-            raise JudgeError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
-        if urlsplit(self.base_url).scheme not in ("http", "https") or not urlsplit(self.base_url).hostname:
-            raise JudgeError(f"--base-url must be an http(s) URL such as {DEFAULT_BASE_URL}, got {self.base_url!r}")
 
 
 @dataclass(frozen=True)
