@@ -172,7 +172,6 @@ def report_cells(runs: Sequence) -> tuple[str, str]:
     each run ('none' without any) and the share of its best-of-N picks that match the run's
     validation.watch_patterns (eval/*.best.json.gz, else the last validation row's share; '–' when
     neither is recorded). Never raises: an unreadable record gives '–'."""
-    import json
     from pathlib import Path
 
     import yaml

@@ -42,7 +42,7 @@ from teacli.train.errors import Interrupted, TrainError
 from teacli.train.resume import Start, check_run_dir, check_selection, commit_run_dir, on_rank0, run_lock, say
 from teacli.train.setup import TrainSession, dropped_warning, setup
 from teacli.train.update import train_step
-from teacli.train.validation import _WATCH_BASELINE, validate_on_ranks
+from teacli.train.validation import reset_watch_baseline, validate_on_ranks
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +124,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
 
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
-    _WATCH_BASELINE.clear()  # the watch's baseline is this run's first validation, not an earlier run's in this process
+    reset_watch_baseline()
     s = _setup_or_explain(recipe, world, is_level, engine_name)
     start, position, memory = _begin(s, recipe, run, world, resume)
     sink = metrics_sink(run, recipe, world, start)

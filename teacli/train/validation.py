@@ -75,6 +75,11 @@ def merge_validation(parts: list[dict[str, Any]], recipe) -> dict[str, Any]:
 _WATCH_BASELINE: dict[str, list[str]] = {}
 
 
+def reset_watch_baseline() -> None:
+    """Forget the watch's baseline: a run's is its own first validation, not an earlier run's in this process."""
+    _WATCH_BASELINE.clear()
+
+
 def validate_on_ranks(engine, rollout, reward, val_prompts, recipe, world, progress, stage: str) -> dict[str, Any]:
     """The validation score of the current weights, the same on every rank. Each rank generates and scores its
     share of the prompts (`validation_share`) and the parts are gathered (`merge_validation`); a rank with
