@@ -293,6 +293,35 @@ def test_gpu_matched_step_report_recomputes_from_the_committed_records(tmp_path,
     _report_recomputes(gpu, runs, args, "report_hard_step", 15)
 
 
+
+def test_the_frontier_rule_reads_grpo_linearly_in_log_kl():
+    """hard_frontier.py's rule (the plan in recipes/studies/gpu_bon_hard_kl.yaml): GRPO's frontier at the geometric
+    mean of two of its KLs is the mean of their bo-N; outside its range there is no value; the verdict needs every TEA
+    point inside the range on one side."""
+    f = _load("hard_frontier", REPO / "results" / "gpu" / "hard_frontier.py")
+    grpo = [{"kl": 1.0, "bon": 0.7}, {"kl": 4.0, "bon": 0.9}, {"kl": 16.0, "bon": 1.0}]
+    assert f.on_frontier(grpo, 2.0) == pytest.approx(0.8)  # log 2 is halfway between log 1 and log 4
+    assert f.on_frontier(grpo, 8.0) == pytest.approx(0.95)
+    assert f.on_frontier(grpo, 0.5) is None and f.on_frontier(grpo, 17.0) is None
+    assert f.verdict(grpo, [{"kl": 2.0, "bon": 0.81}, {"kl": 30.0, "bon": 0.1}]) == "TEA's frontier is higher"
+    assert f.verdict(grpo, [{"kl": 2.0, "bon": 0.79}, {"kl": 8.0, "bon": 0.9}]) == "TEA's frontier is lower"
+    assert f.verdict(grpo, [{"kl": 2.0, "bon": 0.81}, {"kl": 8.0, "bon": 0.9}]) == "neither frontier is shown higher"
+    assert f.verdict(grpo, [{"kl": 0.1, "bon": 0.9}]).startswith("no TEA point")
+
+@pytest.mark.slow
+def test_gpu_reward_kl_frontier_recomputes_from_the_committed_records(tmp_path):
+    """results/gpu/hard_frontier.md (recipes/studies/gpu_bon_hard_kl.yaml's planned reading: every run's KL at its
+    selected checkpoint and bo128, GRPO's frontier, the verdict, TEA − GRPO at matched beta) is what hard_frontier.py
+    prints from the committed records, and the plot beside it is drawn from them."""
+    gpu = REPO / "results" / "gpu"
+    _load("collect", gpu / "collect.py").restore(tmp_path / "runs")
+    frontier = _load("hard_frontier", gpu / "hard_frontier.py")
+    text, got = frontier.table(tmp_path / "runs", 128, 1000, 0)
+    assert text + "\n" == (gpu / "hard_frontier.md").read_text()
+    assert all(p is not None for p in got["points"].values())  # every beta of both methods has a run
+    frontier.plot(got, 128, tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000 and (gpu / "hard_frontier.png").is_file()
+
 def test_judge_picks_cross_score_recomputes(capsys):
     """results/gpu/cross_score_judge.md (the LM-judge runs' best-of-256 picks under the rule reward) is what
     cross_score.py prints from the committed picks."""

@@ -19,6 +19,19 @@ def cuda():
     return torch.device("cuda")
 
 
+@pytest.fixture(autouse=True)
+def release_the_card():
+    """After each test, the memory it left cached goes back to the card: a later test that starts `tea train` in a
+    subprocess (the 1B rehearsal) plans by the card's free memory, and ran out of it after the checkpointing test."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def teacli_syncs():
     """count(fn): fn() run once to warm up, then again under torch.cuda.set_sync_debug_mode("warn"); the synchronizing

@@ -73,9 +73,9 @@ def test_the_micro_batch_loop_reads_nothing_back(monkeypatch, teacli_syncs):
     from tiny_lm import make_causal_lm, make_tokenizer
 
     from teacli.config import Recipe
-    from teacli.train import backend, loop
+    from teacli.train import backend, update
 
-    real = loop.packed_micro_batches
+    real = update.packed_micro_batches
 
     def packed_outside_the_count(*args, **kwargs):
         torch.cuda.set_sync_debug_mode(0)
@@ -84,7 +84,7 @@ def test_the_micro_batch_loop_reads_nothing_back(monkeypatch, teacli_syncs):
         torch.cuda.set_sync_debug_mode("warn")
         return out
 
-    monkeypatch.setattr(loop, "packed_micro_batches", packed_outside_the_count)
+    monkeypatch.setattr(update, "packed_micro_batches", packed_outside_the_count)
     world = backend.init_world()
     tok = make_tokenizer()
     prompt_ids, groups = make_batch(4, 4, seed=0, vocab=len(tok), eos=tok.eos_token_id)  # 16 sequences
@@ -97,7 +97,7 @@ def test_the_micro_batch_loop_reads_nothing_back(monkeypatch, teacli_syncs):
         reference = make_causal_lm(tok, seed=1).requires_grad_(False).to(world.device, torch.bfloat16)
         engine = backend.build_engine(make_causal_lm(tok, seed=0), recipe, world, 16 // micro, "bf16")
         args = (engine, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id, world.device)
-        return lambda: loop.train_step(*args)
+        return lambda: update.train_step(*args)
 
     two, eight = teacli_syncs(run(8)), teacli_syncs(run(2))
     assert eight == two, f"tea's synchronizing calls with 2 micro-batches {dict(two)}, with 8 {dict(eight)}"
