@@ -38,7 +38,7 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
     from teacli.config import recipe_from_dict
 
     tree = yaml.safe_load((run / "recipe.yaml").read_text())
-    recipe = recipe_from_dict(tree, source=str(run / "recipe.yaml"))
+    recipe = recipe_from_dict(tree, source=str(run / "recipe.yaml"), record=True)  # at the defaults it ran under
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steady = rows[skip:] or rows
     world = gpus or int(rows[-1].get("world_size", 1))

@@ -3,6 +3,7 @@
     python benchmarks/reward_scoring.py uf_llama1b_tea --card h200                    # reward.kernels eager, liger, compile
     python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager,liger --batch-sizes 16,32,64
     python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager --before          # against the scoring loop before
+    python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager --share off,on    # each prompt once or m times (default)
 
 Builds the recipe's reward model as a rehearsal does (random weights of exactly its shape, `teacli.standins`; a local
 directory with a config.json works too, `--model`) and the conversations of one step as a rehearsal scores them: P × m
@@ -18,6 +19,12 @@ units of their standard deviation. Target (docs/reproducing.md): reward scoring 
 `--before` adds, first and with the first kernels, rows for the scoring loop as it was before it stopped waiting for
 the GPU (each batch copied from pageable memory and read back before the next, the attention mask passed): kernel
 for kernel the same forwards, so the two rows compare the loops.
+
+`--share` (default `off,on`): each variant with `reward.share_prompts` off (every conversation whole) and on (each
+group's common prefix once, the responses on its KV cache), side by side: `shared` says which, `tokens` counts the
+conversations' tokens and `run` the tokens the model ran; tokens/s is conversation tokens a second (what the step
+sees), the floor and MFU count the tokens run (at the conversations' mean context). A model whose cache cannot be
+shared (`teacli.rewards.hf.sharing_problem`) gets the `off` rows only.
 """
 
 from __future__ import annotations
@@ -59,11 +66,12 @@ def score_before(rm, encoded: list[list[int]]):
 
 
 def measure(rm, prompts, responses, repeats: int, before: bool = False) -> dict:
-    """Median seconds of encoding and of scoring over `repeats` calls after an untimed one; the tokens; the scores.
-    `before`: with the scoring loop before (`score_before`)."""
+    """Median seconds of encoding and of scoring over `repeats` calls after an untimed one; the tokens (and those the
+    model ran: fewer with rm.share_prompts); the scores. `before`: with the scoring loop before (`score_before`)."""
     import torch
 
     encode, score = [], []
+    keys = [p.id for p in prompts]
     for k in range(repeats + 1):
         t0 = time.perf_counter()
         encoded = [rm.encode(p, r) for p, r in zip(prompts, responses)]
@@ -71,13 +79,15 @@ def measure(rm, prompts, responses, repeats: int, before: bool = False) -> dict:
         if rm.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
-        scores = score_before(rm, encoded) if before else rm._score_encoded(encoded)
+        run = rm.tokens_run
+        scores = score_before(rm, encoded) if before else rm._score_encoded(encoded, keys)
         t3 = time.perf_counter()
         if k:
             encode.append(t1 - t0)
             score.append(t3 - t2)
+    tokens = sum(len(ids) for ids in encoded)
     return {"encode": statistics.median(encode), "score": statistics.median(score), "scores": scores,
-            "tokens": sum(len(ids) for ids in encoded), "sequences": len(encoded)}
+            "tokens": tokens, "run": tokens if before else rm.tokens_run - run, "sequences": len(encoded)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", action="store_true", help="rows for the scoring loop before, first (a decoder tea pools)")
+    parser.add_argument("--share", default="off,on", help="comma-separated reward.share_prompts values: off, on")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override, KEY=VALUE")
     a = parser.parse_args(argv)
 
@@ -115,25 +126,31 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kernels = sorted(a.kernels.split(","), key=lambda k: k == "liger")  # liger's patches outlive its model
     sizes = [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else [recipe.reward.batch_size]
+    shares = [v.strip() for v in a.share.split(",")]
+    if not shares or any(v not in ("off", "on") for v in shares):
+        parser.error(f"--share: {a.share!r}; give off, on or off,on")
 
     print(f"reward model {name} ({shape.params / 1e9:.2f}B parameters, stand-in), {a.dtype} on {device}; floor on {card.name}")
-    print("| kernels | batch size | sequences | tokens | encode s | score s | tokens/s | floor s | × floor | MFU | max |Δ| (std) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| kernels | batch size | shared | sequences | tokens | run | encode s | score s | tokens/s | floor s | × floor | MFU | max |Δ| (std) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     first = None
     for kind in kernels:
         rm = HFRewardModel.from_pretrained(str(path), dtype=a.dtype, device=device, max_length=recipe.reward.max_length, kernels=kind)
         prompts, responses = conversations(recipe, len(rm.tokenizer))
         if a.before and kind == kernels[0] and not rm._own_pooling:
             parser.error(f"--before: {name} is not a decoder tea pools itself; the loop before is timed for those only")
-        variants = [(size, before) for before in ((True, False) if a.before and kind == kernels[0] else (False,)) for size in sizes]
-        for size, before in variants:
-            rm.batch_size = size
+        can_share = rm.share_prompts  # False where the cache does not apply (sharing_problem) or kernels compile
+        variants = [(size, before, False) for before in ((True,) if a.before and kind == kernels[0] else ()) for size in sizes]
+        variants += [(size, False, share == "on") for size in sizes for share in shares if share == "off" or can_share]
+        for size, before, share in variants:
+            rm.batch_size, rm.share_prompts = size, share
             got = measure(rm, prompts, responses, a.repeats, before)
-            floor = planner.forward_floor(shape, card, got["tokens"], got["tokens"] / got["sequences"])
+            floor = planner.forward_floor(shape, card, got["run"], got["tokens"] / got["sequences"])
             if first is None:
                 first = got["scores"]
             drift = float((got["scores"] - first).abs().max() / first.std().clamp(min=1e-12))
-            print(f"| {kind}{' (loop before)' if before else ''} | {size} | {got['sequences']} | {got['tokens']:,} | {got['encode']:.2f} | {got['score']:.2f} | "
+            print(f"| {kind}{' (loop before)' if before else ''} | {size} | {'yes' if share else 'no'} | {got['sequences']} | "
+                  f"{got['tokens']:,} | {got['run']:,} | {got['encode']:.2f} | {got['score']:.2f} | "
                   f"{got['tokens'] / got['score']:,.0f} | {floor:.2f} | {got['score'] / floor:.1f}× | {floor / got['score']:.0%} | "
                   f"{drift:.3f} |", flush=True)
         del rm

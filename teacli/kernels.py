@@ -42,6 +42,7 @@ Both fused paths give the eager values up to float rounding (tests/test_kernels.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -178,7 +179,7 @@ def _in_train_mode(module: Any, fused: Any, eager: Any) -> Any:
     return forward
 
 
-_GENERATING = 0  # > 0 while an engine generates with a patched model (see `generating`)
+_GENERATING = threading.local()  # .depth > 0 while an engine generates in this thread with a patched model (`generating`)
 
 
 @contextlib.contextmanager
@@ -186,13 +187,13 @@ def generating() -> Iterator[None]:
     """While an engine generates: the architecture functions liger swapped (the rotary embedding) run
     eagerly, as its instance forwards do in eval mode. Everything else (the training forward, the
     reference model's and the sync check's no-grad scoring) runs liger's, so the reference computes
-    exactly what the policy's training forward computes before the first update."""
-    global _GENERATING
-    _GENERATING += 1
+    exactly what the policy's training forward computes before the first update. Per thread: a one-step-off-policy
+    run generates in a background thread while the trainer's forward runs liger's in the main one."""
+    _GENERATING.depth = getattr(_GENERATING, "depth", 0) + 1
     try:
         yield
     finally:
-        _GENERATING -= 1
+        _GENERATING.depth -= 1
 
 
 def _outside_generation(fused: Any, eager: Any) -> Any:
@@ -201,7 +202,7 @@ def _outside_generation(fused: Any, eager: Any) -> Any:
 
     @functools.wraps(eager)
     def function(*args: Any, **kwargs: Any) -> Any:
-        return (eager if _GENERATING else fused)(*args, **kwargs)
+        return (eager if getattr(_GENERATING, "depth", 0) else fused)(*args, **kwargs)
 
     function._tea_outside_generation = True  # type: ignore[attr-defined]
     return function

@@ -95,15 +95,31 @@ def shared_prompt_logprobs(
     )[:, -1:]  # [U, 1, H]: predicts each prompt's first completion token
     hidden = last[row_of]
     if completion_ids.shape[1] > 1:  # the last completion token predicts nothing: it is not run
-        shared = cache_rows(cache, row_of, into=new_cache(model))
-        ids, mask = completion_ids[:, :-1], completion_mask[:, :-1]
-        start = prompt_mask.long().sum(-1)[row_of][:, None]  # each sequence's first completion position
-        rest = _hidden_states(
-            model, decoder, input_ids=ids, attention_mask=torch.cat([prompt_mask[row_of], mask], dim=1),
-            position_ids=start + torch.arange(ids.shape[1], device=ids.device), past_key_values=shared, use_cache=True,
+        rest = on_prompt_cache(
+            lambda **inputs: _hidden_states(model, decoder, **inputs), model, cache, prompt_mask, row_of,
+            completion_ids[:, :-1], completion_mask[:, :-1],
         )
         hidden = torch.cat([hidden, rest], dim=1)
     return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused, completion_index)
+
+
+def on_prompt_cache(
+    forward: Any, model, cache: Any, prompt_mask: "Tensor", row_of: "Tensor", ids: "Tensor", mask: "Tensor",
+) -> "Tensor":
+    """Continuations run on their prompts' KV cache: what `forward` (the model's, or its decoder's) returns for them.
+
+    cache: the keys and values of U left-padded prompts (prompt_mask [U, Lp]), every layer; row_of [B]: sequence
+    b's prompt; ids/mask [B, T]: the continuations, right-padded. The prompts' keys and values are copied to the B
+    sequences (`cache_rows`), not recomputed; positions go on from each prompt's last. Shared by the policy's
+    log-probs (`shared_prompt_logprobs`) and the reward model's scoring (teacli/rewards/hf.py)."""
+    import torch
+
+    shared = cache_rows(cache, row_of, into=new_cache(model))
+    start = prompt_mask.long().sum(-1)[row_of][:, None]  # each sequence's first continuation position
+    return forward(
+        input_ids=ids, attention_mask=torch.cat([prompt_mask[row_of], mask], dim=1),
+        position_ids=start + torch.arange(ids.shape[1], device=ids.device), past_key_values=shared, use_cache=True,
+    )
 
 
 def completion_index(mask: "Tensor") -> "Tensor":

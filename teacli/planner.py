@@ -195,14 +195,15 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     k = CARDS[card] if isinstance(card, str) else card
     r = recipe.rollout
     P, m, n = r.prompts_per_step, r.group_size, r.max_new_tokens
-    if P % gpus:
-        raise ValueError(f"rollout.prompts_per_step={P} is not divisible by --gpus {gpus} (each GPU takes whole prompts)")
     p = prompt_tokens or recipe.rehearsal.prompt_tokens
     pol = model_shape(recipe.policy.name_or_path, "policy")
     rm = model_shape(recipe.reward.name_or_path, "reward", classifier=True) if recipe.reward.kind == "hf" else None
-    seqs = P // gpus * m  # a GPU's sequences a step
+    seqs = -(-P // gpus) * m  # the busiest GPU's sequences a step (P not a multiple: ⌈P/W⌉ prompts' groups)
     name = engine or (r.engine if r.engine != "auto" else auto_engine(pol.params, seqs)[0])
     notes: list[str] = []
+    if P % gpus:
+        notes.append(f"rollout.prompts_per_step={P} over {gpus} GPUs: the busiest generates {-(-P // gpus)} prompts' groups "
+                     f"(the step waits for it); training is sharded by sequence (teacli/train/sharding.py)")
     ctx = p + n  # whole sequences: training, reference, reward
     tokens = seqs * ctx
 
@@ -346,7 +347,8 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
     states = state_bytes(pol.params, n_train, gpus, zero_stage=b.zero_stage, kl_beta=recipe.kl.beta, lora=lora,
                          offload_optimizer=b.offload_optimizer)
     reward = 2 * rm.params if rm else 0
-    held = states + reward
+    sampler = 2 * pol.params if recipe.rollout.max_staleness else 0  # one step off-policy: the sampler's bf16 copy
+    held = states + reward + sampler
     mb = recipe.optim.micro_batch_size
     train_act = activation_bytes(mb * ctx, pol.layers, pol.hidden, pol.intermediate, layers_ckpt)
     kv = 0.0
@@ -359,8 +361,10 @@ def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Car
         gen = min(longest, recipe.rollout.batch_size) * ctx * pol.kv_bytes_per_token()
     if b.zero_stage == 3 and gpus > 1 and engine == "hf":  # hf generates with the trainer's module: its shards gathered whole (bf16)
         gen += 2 * pol.params
-    return {"states": states / _GiB, "reward_model": reward / _GiB, "generation": gen / _GiB,
-            "train_activations": train_act / _GiB, "peak": (held + max(gen, train_act)) / _GiB, "kv_cache": kv / _GiB}
+    # one step off-policy generates while the trainer updates: both at once
+    busy = gen + train_act if recipe.rollout.max_staleness else max(gen, train_act)
+    return {"states": states / _GiB, "reward_model": reward / _GiB, "generation": gen / _GiB, "sampler": sampler / _GiB,
+            "train_activations": train_act / _GiB, "peak": (held + busy) / _GiB, "kv_cache": kv / _GiB}
 
 
 _ONCE = {"compile": "compile (once)", "validation_compile": "validation's compile (once)"}  # run once, not every step
@@ -381,7 +385,8 @@ def format_estimate(e: Estimate) -> str:
     lines.append(f"step {e.step_s:.1f} s; {e.steps} steps, {e.validations} validations: {_hms(e.run_s)} of training, "
                  f"{_hms(e.eval_s)} of eval-bon; {e.gpu_hours:.1f} GPU-hours")
     lines.append(f"memory a GPU: peak {m['peak']:.1f} GiB of {e.card.memory_gib:.1f} (trainer states {m['states']:.1f}, reward model "
-                 f"{m['reward_model']:.1f}, generation {m['generation']:.1f}, training activations {m['train_activations']:.1f})"
+                 f"{m['reward_model']:.1f}, generation {m['generation']:.1f}, training activations {m['train_activations']:.1f}"
+                 + (f", the off-policy sampler's copy {m['sampler']:.1f}" if m.get("sampler") else "") + ")"
                  + ("" if e.fits else " — DOES NOT FIT"))
     lines += e.notes
     return "\n".join(lines)

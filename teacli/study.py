@@ -151,6 +151,31 @@ def refuse_rehearsal(run_dir: Path) -> None:
                          "move it away or use another runs_dir")
 
 
+def refuse_changed_default(run_dir: Path, recipe: "Recipe", recipe_path: Path) -> None:
+    """A StudyError when `run_dir` holds a run written under an older tea_schema that ran with another value of a key
+    whose default changed since than the study's recipe gives now (teacli/config/schema.py): counted as the recipe's
+    run, it did not run as the runs still to train will, and the report would refuse it only once they are trained."""
+    from teacli.config import SCHEMA_VERSION, RecipeError, canonical_tree, default_changes, parse_yaml, read_yaml
+    from teacli.config import recipe_changes, schema_version, to_yaml
+
+    try:
+        data = read_yaml(run_dir / "recipe.yaml")
+        version = schema_version(data, missing=1) if isinstance(data, dict) else SCHEMA_VERSION
+    except RecipeError:
+        return  # absent (not trained yet), unreadable or newer: the stage's own command says what is wrong
+    moved = default_changes(version, SCHEMA_VERSION)
+    before = canonical_tree(data) if moved else None
+    if before is None:
+        return
+    changed = {k: v for k, v in recipe_changes(before, parse_yaml(to_yaml(recipe), str(recipe_path))).items() if k in moved}
+    if changed:
+        ran = ", ".join(f"{k}: {a!r}" for k, (a, _) in changed.items())
+        now = ", ".join(f"{k}: {b!r}" for k, (_, b) in changed.items())
+        raise StudyError(f"{run_dir} was trained under tea_schema {version} and ran with {ran}; recipe {recipe.name} gives "
+                         f"{now} now (a default that changed since), so the runs still to train would not run as it did: "
+                         f"set {ran} in {recipe_path} to go on with the runs recorded, or move {run_dir} away to train it again")
+
+
 def training_done(run_dir: Path, steps: int) -> bool:
     final = run_dir / "checkpoints" / rundir.step_dir_name(steps)
     return (final / "trainer_state.json").exists() or ((run_dir / "selected.json").exists() and final.exists())
@@ -199,6 +224,7 @@ def plan(study: Study) -> list[Stage]:
         for run, seed in study.run_dirs(name):
             label = run.name
             refuse_rehearsal(run)
+            refuse_changed_default(run, recipe if seed is None else replace(recipe, seed=seed), recipe_path)
             train_cmd = (study.launcher + ["teacli.cli"] if study.launcher else tea) + ["train", str(recipe_path), "--run-dir", str(run)]
             if seed is not None:
                 train_cmd += ["--set", f"seed={seed}"]

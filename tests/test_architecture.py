@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "memory": set(),  # byte arithmetic of states, activations, KV caches: the planner, the trainer, the vllm engine
     "http": set(),  # the remote reward's and the judge's retry, Retry-After and local-host rules
     "tables": set(),  # the Markdown/LaTeX/CSV table writer of report/ and diagnostics/
+    "padding": set(),  # cutting length-sorted rows into batches with the least padding: the trainer's and the reward model's
     "console": {"cache"},  # what every command shows on the terminal: help, one-line errors (a path in TEA_CACHE), progress
     "monitors": {"rundir"},  # the reward-hacking watch and the tail check: train/ and report/ both use them
     "data": {"types", "cache"},  # cache: the packaged prompt sets are prepared there
@@ -35,11 +36,11 @@ ALLOWED: dict[str, set[str]] = {
     "lora": {"config"},
     "standins": {"config", "models"},  # a rehearsal's stand-ins: model configs, tokenizer and prompts; model sizes
     # stages
-    "rewards": {"config", "types", "models", "kernels", "http"},  # kernels: reward.kernels, as policy.kernels
+    "rewards": {"config", "types", "models", "kernels", "http", "logprobs", "padding"},  # kernels: reward.kernels, as policy.kernels; logprobs: the prompt cache (reward.share_prompts); padding: the forward batches' cut
     "rollout": {"config", "types", "models", "logprobs", "kernels", "lora", "standins", "memory"},  # standins: the policy's size for engine auto  # kernels: the hf engine keeps liger out of generation
     "session": {"config", "types", "models", "logprobs", "kernels", "lora", "standins", "rewards", "rollout", "data"},
     "train": {"config", "types", "models", "logprobs", "kernels", "lora", "rewards", "rollout", "advantages", "data", "rundir",
-              "standins", "memory", "monitors", "session"},
+              "standins", "memory", "monitors", "session", "padding"},
     "eval": {"config", "types", "models", "rewards", "rollout", "data", "rundir", "standins", "session", "http"},
     # readers of what the stages wrote, and the tools on top
     "report": {"eval", "rundir", "monitors", "tables", "config"},  # eval: its stats.py; config: seeds of one method compare as the schema resolves them
@@ -49,7 +50,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Units that import nothing heavier than the standard library, numpy, scipy, torch, matplotlib (plots) and PyYAML
 # (docs/architecture.md), and two such modules of heavier units.
-LIGHT = {"types", "rundir", "cache", "memory", "http", "tables", "advantages", "monitors", "report"}
+LIGHT = {"types", "rundir", "cache", "memory", "http", "tables", "padding", "advantages", "monitors", "report"}
 LIGHT_MODULES = {"teacli.eval.stats", "teacli.diagnostics.synthetic"}
 LIGHT_LIBRARIES = {"numpy", "scipy", "torch", "matplotlib", "yaml"}
 

@@ -78,8 +78,9 @@ def test_estimate_of_the_paper_recipe_adds_up():
     assert r.optim.micro_batch_size == 32
     micro = 8 // 8 * 64 // 32  # a GPU's 64 sequences in micro-batches of 32
     assert e8.seconds["train"] == pytest.approx(e.seconds["train"] / 8 + micro * cal["zero2_micro_s"])
-    with pytest.raises(ValueError, match=r"^rollout.prompts_per_step=8 is not divisible by --gpus 3"):
-        planner.estimate(r, gpus=3)
+    e3 = planner.estimate(r, gpus=3, card="h100", engine="hf")  # 8 prompts on 3: the busiest GPU's 3 groups set the step
+    assert e3.seconds["reward"] == pytest.approx(e.seconds["reward"] * 3 / 8)
+    assert any("busiest generates 3 prompts' groups" in note for note in e3.notes)
     with pytest.raises(ValueError, match=r"^--card: 'a100' is not one of h100, h200"):
         planner.estimate(r, card="a100")
 
@@ -148,6 +149,24 @@ def test_the_hf_engine_holds_one_generate_call_of_kv_cache():
     assert planner.estimate(r, gpus=1, card="h100", engine="hf").memory_gib["generation"] == pytest.approx(
         r.validation.prompts * r.validation.samples * per_seq / 2**30, rel=1e-9)
 
+
+
+def test_one_step_off_holds_the_samplers_copy_and_generates_while_it_trains():
+    """rollout.max_staleness 1: one more bf16 copy of the policy on each GPU, and generation's cache and the training
+    activations at once (the next batch is generated during the update), not one after the other."""
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
+    on = planner.estimate(r, gpus=1, card="h200", engine="hf").memory_gib
+    r.rollout.max_staleness = 1
+    off = planner.estimate(r, gpus=1, card="h200", engine="hf")
+    m = off.memory_gib
+    assert m["sampler"] == pytest.approx(2 * _shape("meta-llama--Llama-3.2-1B-Instruct").params / 2**30)
+    assert on["sampler"] == 0
+    held = on["states"] + on["reward_model"]
+    assert on["peak"] == pytest.approx(held + max(on["generation"], on["train_activations"]))
+    assert m["peak"] == pytest.approx(held + m["sampler"] + m["generation"] + m["train_activations"])
+    assert "the off-policy sampler's copy" in planner.format_estimate(off)
 
 def test_auto_engine_rule():
     from teacli.rollout.factory import VLLM_MAX_SEQUENCES, VLLM_MIN_PARAMS, auto_engine

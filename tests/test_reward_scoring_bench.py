@@ -1,5 +1,6 @@
 """benchmarks/reward_scoring.py on a tiny reward-model shape on CPU: one row a variant, the step's P × m
-conversations at the rehearsal's lengths, and the same scores whatever the batch size and with the loop before."""
+conversations at the rehearsal's lengths, and the same scores whatever the batch size, with the loop before and
+with each group's prompt run once (reward.share_prompts)."""
 
 from __future__ import annotations
 
@@ -44,10 +45,17 @@ def test_reward_scoring_benchmark_rows(tmp_path, monkeypatch, capsys):
     bench.main(["uf_llama1b_tea", "--model", str(model), "--kernels", "eager", "--batch-sizes", "1,4", "--dtype", "float32",
                 "--device", "cpu", "--repeats", "1", "--before", "--set", f"rollout.prompts_per_step={P}", "--set", f"rollout.group_size={m}",
                 "--set", f"rollout.max_new_tokens={new}", "--set", f"rehearsal.prompt_tokens={prompt}"])
-    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| eager")]
-    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("eager (loop before)", "1"), ("eager (loop before)", "4"), ("eager", "1"), ("eager", "4")]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines() if line.startswith("| eager")]
+    assert [tuple(r[:3]) for r in rows] == [
+        ("eager (loop before)", "1", "no"), ("eager (loop before)", "4", "no"),
+        ("eager", "1", "no"), ("eager", "1", "yes"), ("eager", "4", "no"), ("eager", "4", "yes"),
+    ]
     for r in rows:
-        sequences, tokens = int(r[2]), int(r[3].replace(",", ""))
+        sequences, tokens, run = int(r[3]), int(r[4].replace(",", "")), int(r[5].replace(",", ""))
         assert sequences == P * m
         assert sequences * (prompt + new) < tokens < sequences * (prompt + new + 16)  # the words, and the chat template's tokens
-        assert float(r[-1]) < 1e-4  # every batch size scores what the loop before did at 1
+        if r[2] == "yes":  # each of the P prompts (and its template's tokens) once, not m times
+            assert tokens - run >= P * (m - 1) * prompt
+        else:
+            assert run == tokens
+        assert float(r[-1]) < 1e-4  # every batch size, shared or not, scores what the loop before did at 1

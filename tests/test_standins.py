@@ -183,3 +183,54 @@ def test_an_unknown_pypi_policy_names_the_missing_shape(tmp_path, monkeypatch):
                                                      "policy.gguf_file=null"])
     with pytest.raises(ValueError, match=r"^policy\.name_or_path: no shape is known for 'pypi:acme-tiny' to rehearse"):
         stand_in(recipe)
+
+
+def test_realistic_lengths_are_seeded_within_bounds_and_right_skewed():
+    """rehearsal.lengths: realistic draws log-normal lengths: the same for the same seed, inside the clip, with the
+    median at the stated one and below the mean (a right skew); responses are at least one token and not capped."""
+    import statistics
+
+    from teacli.standins import PROMPT_MEDIAN, RESPONSE_MEDIAN, prompt_lengths, response_lengths
+
+    prompts = prompt_lengths(4000, "train-0", 5, 1024)
+    assert prompts == prompt_lengths(4000, "train-0", 5, 1024) != prompt_lengths(4000, "train-1", 5, 1024)
+    assert min(prompts) >= 5 and max(prompts) == 1024  # ~1.7% of log-normal(150, 0.9) lies above 1024: clipped
+    assert statistics.median(prompts) < statistics.mean(prompts)
+    assert abs(statistics.median(prompts) / PROMPT_MEDIAN - 1) < 0.1
+    responses = response_lengths(11, 4000)
+    assert responses == response_lengths(11, 4000) != response_lengths(12, 4000)
+    assert min(responses) >= 1 and max(responses) > 512  # the engine cuts at rollout.max_new_tokens, not the draw
+    assert statistics.median(responses) < statistics.mean(responses)
+    assert abs(statistics.median(responses) / RESPONSE_MEDIAN - 1) < 0.1
+
+
+def test_realistic_stand_in_prompts_have_the_drawn_lengths_and_engines_end_responses(tmp_path, monkeypatch):
+    """The stand-in prompts of rehearsal.lengths: realistic are the drawn lengths after the policy's chat template
+    (seeded by the recipe's seed and the split, clipped to [PROMPT_MIN, data.max_prompt_tokens]); `end_responses` gives the hf
+    engine its response lengths and refuses an engine that cannot end a response at one."""
+    from teacli.config import find_recipe, load_recipe
+    from teacli.data.load import load_split
+    from teacli.models import encode_chat, load_tokenizer
+    from teacli.standins import PROMPT_MIN, end_responses, prompt_lengths, response_lengths, stand_in
+
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path))
+    recipe = load_recipe(find_recipe("quickstart"), ["rehearsal.enabled=true", "rehearsal.lengths=realistic",
+                                                     "data.max_prompt_tokens=200", "seed=3"])
+    loaded = stand_in(recipe)
+    tok = load_tokenizer(loaded.policy)
+    overhead = len(encode_chat(tok, [{"role": "user", "content": ""}], add_generation_prompt=True))
+    val = load_split(loaded.data.dir, "val")
+    got = [len(encode_chat(tok, p.messages, add_generation_prompt=True)) for p in val]
+    assert got == prompt_lengths(len(val), "val-3", max(overhead + 1, PROMPT_MIN), 200)
+    assert max(got) == 200 and min(got) >= PROMPT_MIN > overhead and len(set(got)) > 50
+
+    class Engine:
+        response_lengths = None
+
+    engine = Engine()
+    end_responses(recipe, engine)
+    assert engine.response_lengths is response_lengths
+    with pytest.raises(ValueError, match=r"^rehearsal\.lengths: realistic .* set rollout\.engine: hf"):
+        end_responses(recipe, object())
+    fixed = load_recipe(find_recipe("quickstart"), ["rehearsal.enabled=true"])
+    end_responses(fixed, object())  # fixed lengths: nothing to do, whatever the engine

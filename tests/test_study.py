@@ -169,6 +169,32 @@ def test_fixed_checkpoint_study_evaluates_and_reports_that_checkpoint(tmp_path):
     assert not (tmp_path / "runs" / "quickstart" / "checkpoints").exists()
 
 
+def test_a_run_trained_under_a_default_changed_since_stops_the_plan_naming_it(tmp_path):
+    """A seed recorded before tea_schema existed (version 1) that lacks policy.kernels ran without fused kernels; the
+    study's recipe gives today's default. Trained on, its other seeds would not pool with it, so the plan stops at
+    once with one line naming the key, both values and the fix; with the key pinned in the recipe to what the run had,
+    it plans. A key added since at what runs had before it (rollout.stop_tokens) stops nothing."""
+    from teacli.config import SCHEMA_KEY, load_recipe, schema_default, to_yaml
+
+    recipe, study = tmp_path / "q.yaml", tmp_path / "s.yaml"
+    recipe.write_text("base: quickstart\nname: q\n")
+    study.write_text(f"recipes: [{recipe}]\nseeds: [0, 1]\neval: {{split: core500, n: 16}}\nruns_dir: {tmp_path / 'runs'}\n")
+    tree = yaml.safe_load(to_yaml(load_recipe(recipe)))
+    del tree[SCHEMA_KEY], tree["policy"]["kernels"], tree["rollout"]["stop_tokens"]
+    run = tmp_path / "runs" / "q-s0"
+    run.mkdir(parents=True)
+    (run / "recipe.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    then, now = schema_default("policy.kernels", 1), load_recipe(recipe).policy.kernels
+    assert then != now
+    res = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    error = " ".join(res.stderr.split())
+    assert f"{run} was trained under tea_schema 1 and ran with policy.kernels: {then!r}; recipe q gives policy.kernels: {now!r} now" in error
+    assert f"set policy.kernels: {then!r} in {recipe} to go on with the runs recorded, or move {run} away" in error
+    recipe.write_text(f"base: quickstart\nname: q\npolicy: {{kernels: {then}}}\n")
+    assert [st.label for st in plan(load_study(study))][:3] == ["train q-s0", "eval-bon q-s0", "train q-s1"]
+
+
 @pytest.mark.slow
 def test_tiny_study_end_to_end_and_skip(tmp_path):
     sys.path.insert(0, str(TESTS))

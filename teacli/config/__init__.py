@@ -4,6 +4,7 @@
     validate.py  building a YAML tree into it, key by key, and the checks across fields: errors name the key and
                  where its value came from
     load.py      the YAML loader, `base:` inheritance, `--set` overrides; `load_recipe`, `canonical_tree`, `to_yaml`
+    schema.py    schema versions (`tea_schema:` in recipe.yaml): the defaults a recorded recipe ran under
     lookup.py    where recipes and studies are found (./recipes, then the packaged ones)
     study.py     a study file's schema (recipes/studies/*.yaml), checked on load
     judge.py     `tea judge`'s settings (JudgeConfig)
@@ -43,6 +44,15 @@ from teacli.config.lookup import (
     recipe_dirs,
     recipe_summary,
     shipped_studies,
+)
+from teacli.config.schema import (
+    SCHEMA_DEFAULTS,
+    SCHEMA_KEY,
+    SCHEMA_VERSION,
+    default_changes,
+    fill_defaults,
+    schema_default,
+    schema_version,
 )
 from teacli.config.study import Study, StudyError, StudyEval, StudyFile, StudyReport, read_study
 from teacli.config.tree import (
@@ -85,6 +95,7 @@ __all__ = [
     "parse_yaml", "read_yaml", "recipe_from_dict", "to_yaml",
     "RECIPES_DIR", "discover_recipes", "find_recipe", "find_study", "packaged_recipes_dir", "recipe_dirs", "recipe_summary",
     "shipped_studies",
+    "SCHEMA_DEFAULTS", "SCHEMA_KEY", "SCHEMA_VERSION", "default_changes", "fill_defaults", "schema_default", "schema_version",
     "Study", "StudyError", "StudyEval", "StudyFile", "StudyReport", "read_study",
     "EXECUTION_KEYS", "JUDGE_KEYS", "JUDGE_SLOTS", "JUDGE_TEMPLATE", "REMOVED_KEYS", "REMOVED_VALUES", "VLLM_RESERVED_KWARGS",
     "AdvantageConfig", "BackendConfig", "CheckpointConfig", "DataConfig", "EvalConfig", "KLConfig", "LoggingConfig",

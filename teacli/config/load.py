@@ -1,7 +1,8 @@
 """Loading a recipe: the one YAML loader (recipes, their bases, `--set` values, run directories' recipe.yaml),
 `base:` inheritance (relative to the file that names it, then ./recipes and the packaged recipes; `name:` is not
 inherited), `--set` overrides, and the tree that results, built and validated (teacli/config/validate.py).
-`canonical_tree` and `to_yaml`: a recipe tree as this version writes it.
+`canonical_tree` and `to_yaml`: a recipe tree as this version writes it, `tea_schema:` first (teacli/config/schema.py:
+a recorded recipe's missing keys take the defaults of the version that wrote it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from teacli.config.lookup import _display, discover_recipes, recipe_dirs
+from teacli.config.schema import SCHEMA_KEY, SCHEMA_VERSION, fill_defaults, schema_version
 from teacli.config.tree import Recipe, RecipeError
 from teacli.config.validate import OVERRIDE, RECIPE_FILE, _where, build, validate_recipe
 
@@ -250,6 +252,7 @@ def load_recipe_with_origin(
         # set by a base: a recipe is its own run, named by its own name: or its file's (docs/recipes.md)
         del data["name"]
         origin.pop("name", None)
+    data = _at_schema(data, origin, missing=SCHEMA_VERSION)
     apply_overrides(data, list(overrides or []), origin)
     recipe = build(Recipe, data, origin, "")
     if not recipe.name:
@@ -276,16 +279,26 @@ def _check_name(recipe: "Recipe", origin: dict[str, str]) -> None:
 
 
 def recipe_from_dict(
-    data: dict[str, Any], source: str = "<dict>", overrides: Sequence[str] = (), *, runnable: bool = True
+    data: dict[str, Any], source: str = "<dict>", overrides: Sequence[str] = (), *, runnable: bool = True,
+    record: bool = False,
 ) -> Recipe:
-    """Build and validate a Recipe from a plain dict (e.g. a run directory's recipe.yaml), `--set` applied."""
+    """Build and validate a Recipe from a plain dict, `--set` applied. Keys it lacks take today's defaults, or those of
+    the `tea_schema` it names; `record=True` reads it as a run's recipe.yaml, of version 1 when it names none."""
     origin: dict[str, str] = {RECIPE_FILE: source}
     if isinstance(data, dict):
         _mark(data, origin, source, "")
+        data = _at_schema(data, origin, missing=1 if record else SCHEMA_VERSION)
         apply_overrides(data, list(overrides), origin)
     recipe = build(Recipe, data, origin, "")
     validate_recipe(recipe, origin, runnable=runnable)
     return recipe
+
+
+def _at_schema(data: dict[str, Any], origin: dict[str, str], *, missing: int) -> dict[str, Any]:
+    """`data` without its `tea_schema`, each key it lacks at that version's default (`missing`: the version of a tree
+    that names none); a bad or newer version is a RecipeError naming where it was set."""
+    version = schema_version(data, _where(origin, SCHEMA_KEY), missing=missing)
+    return fill_defaults(data, version)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,20 +306,26 @@ def recipe_from_dict(
 
 
 def canonical_tree(data: Any) -> dict[str, Any] | None:
-    """The recipe tree `data` (e.g. a run directory's recipe.yaml) as this version writes it: built against the
-    schema without validation, with every key this version has, those `data` lacks at their defaults, then
-    written and read back as `tea train` writes recipe.yaml. A recipe.yaml written before a key existed thus
-    equals one written since with that key at its default (`rollout.stop_tokens: []`): what compares two
-    recorded recipes (resume, a base arm, the seeds of one method in `tea report`) compares these. None
-    when `data` does not build (a key this version does not know, a value of the wrong type)."""
+    """The recorded recipe tree `data` (a run directory's recipe.yaml) as this version writes it: built against the
+    schema without validation, with every key this version has, those `data` lacks at their defaults *at the
+    `tea_schema` that wrote it* (version 1 without one: teacli/config/schema.py), then written and read back as
+    `tea train` writes recipe.yaml. A recipe.yaml written before a key existed thus equals one written since with
+    the key at the value runs had before it (`rollout.stop_tokens: []`), and differs from one with the key at a
+    default that changed since (`policy.kernels: auto`): what compares two recorded recipes (resume, a base arm,
+    the seeds of one method in `tea report`, a study's trained runs) compares these. None when `data` does not
+    build (a key this version does not know, a value of the wrong type, a newer `tea_schema`)."""
+    if not isinstance(data, dict):
+        return None
     try:
-        recipe = build(Recipe, data, {RECIPE_FILE: "<recipe.yaml>"}, "")
+        recipe = build(Recipe, _at_schema(data, {}, missing=1), {RECIPE_FILE: "<recipe.yaml>"}, "")
     except (ValueError, TypeError):
         return None
     return parse_yaml(to_yaml(recipe), "<recipe.yaml>")
 
 
 def to_yaml(recipe: Recipe) -> str:
+    """The recipe as tea writes it (recipe.yaml, a checkpoint's copy, `tea recipes show`): `tea_schema:` first."""
     import yaml
 
-    return yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=None, width=100)
+    tree = {SCHEMA_KEY: SCHEMA_VERSION, **recipe.to_dict()}
+    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=None, width=100)

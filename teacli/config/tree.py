@@ -158,8 +158,16 @@ class RewardConfig:
         "reward model on an H200, liger scored 1.2x faster than eager (63% of peak against 52%), compile as eager; "
         "liger's scores match eager's within bf16 rounding. Default eager: liger-kernel is an optional install.",
     )
-    batch_size: int = field(16, "Responses scored per reward-model forward pass (hf, lm_judge; batched by length), or sent per request (remote).", ge=1)
+    batch_size: int = field(16, "Responses scored per reward-model forward pass (hf, lm_judge: sorted by length into as many batches as this many a batch make, cut where they pad least, none holding more tokens than this many of the longest, so a batch of short responses may hold more), or sent per request (remote).", ge=1)
     max_length: int = field(4096, "Truncate prompt+response to this many reward-model tokens (lm_judge: the response is cut from its end, then the prompt, so the question stays whole).", ge=16)
+    share_prompts: bool = field(
+        True, "kind hf: run the token prefix that a prompt's responses share (the prompt under the reward model's "
+        "template) once per group and each response's own tokens on its KV cache, instead of the whole conversation "
+        "for every response: the same scores up to float rounding, the prompt's work done once instead of m times. "
+        "Falls back to whole conversations where the cache does not apply: attention other than sdpa or eager, "
+        "sliding-window, chunked or linear-attention layers, reward.kernels compile, architectures tea does not pool "
+        "itself (docs/models.md).",
+    )
     judge_template: str = field(
         JUDGE_TEMPLATE,
         "kind lm_judge: the question the judge answers; must contain {prompt} (the prompt's text; several messages as "
@@ -272,9 +280,20 @@ class RolloutConfig:
         "auto",
         "Truncated importance sampling for the rollout/trainer mismatch: each token's (token) or sequence's (sequence) "
         "policy-gradient term is weighted by min(pi_train/pi_rollout, rollout.is_cap), detached; 'auto' = token with the "
-        "vllm engine, off with hf (it samples from the trainer's own module). token and sequence need the vllm engine.",
+        "vllm engine or rollout.max_staleness 1, off otherwise (the hf engine on-policy samples from the trainer's own "
+        "module). token and sequence need the vllm engine or rollout.max_staleness 1.",
     )
     is_cap: float = field(2.0, "The truncation cap C of the importance ratio (TIS: min(ratio, C)).", ge=1.0)
+    max_staleness: int = field(
+        0,
+        "Optimizer updates a step's rollouts may lag the weights they train (NeMo-RL's max_trajectory_age_steps). 0 = "
+        "on-policy: each step samples from the weights it updates. 1 = one step off-policy: the batch for step k+1 is "
+        "generated and scored from a copy of the weights step k starts from, in a background thread, while step k "
+        "trains (the first step samples on-policy). Its gap is corrected by rollout.is_correction (auto = token). hf "
+        "engine, without rollout.dynamic_sampling; costs one more copy of the policy in memory (docs/training.md, "
+        "\"One step off-policy\").",
+        ge=0, le=1,
+    )
     dynamic_sampling: bool = field(
         False,
         "Drop groups whose rewards are all equal and draw more prompts (the next ones of the data order) until the step "
@@ -343,7 +362,7 @@ class OptimConfig:
         True, "Run each distinct prompt of a micro-batch through the model once and its m completions on its KV cache "
         "(same log-probs and gradients, the prompt's work done once instead of m times); off when any layer is gradient-checkpointed.",
     )
-    micro_batch_size: int = field(8, "At most this many sequences per forward/backward: a rank's P*m/W sequences are split evenly into ceil(P*m/W / this) length-sorted micro-batches, one optimizer update per step.", ge=1)
+    micro_batch_size: int = field(8, "Sequences per forward/backward: a rank's P*m/W sequences are sorted by length into ceil(P*m/W / this) micro-batches, one optimizer update per step; with shared prompts split evenly (at most this many each), otherwise cut where they pad least, none holding more tokens than the largest even micro-batch (so one of short sequences may hold more).", ge=1)
 
 
 @dataclass
@@ -397,8 +416,17 @@ class EvalConfig:
 @dataclass
 class RehearsalConfig:
     enabled: bool = field(False, "Rehearse: run with random weights of the recipe's model shapes, a stand-in tokenizer covering their vocabulary and stand-in prompts, to measure time and memory before paying for a run (`tea train --rehearse`; docs/reproducing.md). What it writes is marked as a rehearsal, and `tea report` and `tea study` refuse it as evidence.")
-    prompt_tokens: int = field(256, "Length of every stand-in prompt, in tokens after the policy's chat template.", ge=8)
+    prompt_tokens: int = field(256, "Length of every stand-in prompt, in tokens after the policy's chat template (rehearsal.lengths: fixed).", ge=8)
     eval_prompts: int = field(0, "Prompts in each stand-in held-out split (core250, heldout, ...); 0 = the real split's size.", ge=0)
+    lengths: Literal["fixed", "realistic"] = field(
+        "fixed",
+        "Lengths of the stand-in prompts and responses. fixed: every prompt rehearsal.prompt_tokens long, and every "
+        "response runs to rollout.max_new_tokens (random weights almost never sample EOS): the longest steps a recipe can "
+        "take, and no padding. realistic: each prompt's length after the chat template and each response's length drawn "
+        "from log-normal fits to UltraFeedback's (an assumption, docs/reproducing.md), the prompts clipped to "
+        "data.max_prompt_tokens, each response ending with EOS at its drawn length or cut at rollout.max_new_tokens "
+        "(hf engine), seeded by the recipe's seed: a rehearsal that shows padding. Rehearsals only.",
+    )
 
 
 @dataclass
@@ -458,6 +486,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "optim.steps",
     # when to give up on the reward (a remote request, a python call): not what it computes
     "reward.timeout_s",
+    # how the reward model computes the same scores: each prompt once or with every response
+    "reward.share_prompts",
 })
 """Recipe keys that say how a run executes, not what it computes (dotted names; a section name covers all
 its keys): resuming a run directory accepts a change of these, records it in resume.jsonl, and refuses a

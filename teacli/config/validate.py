@@ -195,12 +195,22 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
             f"validation.top: {recipe.validation.top} exceeds validation.samples={recipe.validation.samples}"
             f"{_where(origin, 'validation.top', 'validation.samples')}"
         )
-    if recipe.rollout.engine == "hf" and recipe.rollout.is_correction in ("token", "sequence"):
+    ro = recipe.rollout
+    if ro.engine == "hf" and ro.is_correction in ("token", "sequence") and ro.max_staleness == 0:
         raise RecipeError(
-            f"rollout.is_correction: {recipe.rollout.is_correction!r} needs the sampler's log-probs, which only the vllm "
-            f"engine returns; the hf engine samples from the trainer's own module (no mismatch): use auto or off"
+            f"rollout.is_correction: {ro.is_correction!r} needs the sampler's log-probs, which only the vllm engine "
+            f"returns; the hf engine on-policy samples from the trainer's own module (no mismatch): use auto or off"
             f"{_where(origin, 'rollout.is_correction')}"
         )
+    if ro.max_staleness > 0:
+        if ro.engine == "vllm":
+            raise RecipeError(f"rollout.max_staleness: {ro.max_staleness} runs with the hf engine only (vLLM sleeps while the "
+                              f"trainer updates); set rollout.engine: hf or rollout.max_staleness: 0"
+                              f"{_where(origin, 'rollout.max_staleness', 'rollout.engine')}")
+        if ro.dynamic_sampling:
+            raise RecipeError(f"rollout.max_staleness: {ro.max_staleness} cannot run with rollout.dynamic_sampling (its rounds "
+                              f"agree across ranks through collectives, which a background generation cannot join)"
+                              f"{_where(origin, 'rollout.max_staleness', 'rollout.dynamic_sampling')}")
     for pattern in recipe.validation.watch_patterns:
         try:
             re.compile(pattern)

@@ -316,14 +316,15 @@ def init_base_arm(run: Path, recipe: str, overrides: Sequence[str] = ()) -> Path
 
 
 def load_run_recipe(run: Path, overrides: Sequence[str] = ()) -> "Recipe":
-    """The run's resolved recipe.yaml, with optional `--set` overrides applied."""
+    """The run's resolved recipe.yaml, with optional `--set` overrides applied; a key it lacks at the default of the
+    tea_schema that wrote it (what the run ran under), not today's."""
     from teacli.config import RecipeError, read_yaml, recipe_from_dict
 
     path = run / "recipe.yaml"
     if not path.is_file():
         raise EvalError(f"{run} is not a run directory (no recipe.yaml)")
     try:
-        return recipe_from_dict(read_yaml(path) or {}, source=str(path), overrides=overrides)
+        return recipe_from_dict(read_yaml(path) or {}, source=str(path), overrides=overrides, record=True)
     except RecipeError as exc:
         raise EvalError(str(exc)) from None
 

@@ -4,7 +4,11 @@ Which runs are seeds of one method: runs whose recipe.yaml are equal in everythi
 `name`, same settings; `tea study` with `seeds:` trains them with `--set seed=<s>`) and whose seeds
 differ. Such a group becomes one method, named by the recipe's `name`; any other run stays its own
 method, named by its directory. Two runs of one recipe with the same seed are an error (the report
-would count one training run twice).
+would count one training run twice). The recipes compare at the values the runs ran under: a key a
+recipe.yaml lacks at its default under the tea_schema that wrote it (teacli/config/schema.py). Seeds
+of one recipe written under two versions that differ only where a default changed between them ran
+differently, and are an error naming each such key and both values (they are neither one method nor
+two methods the user meant).
 
 How seeds are combined (docs/evaluation.md, "Seeds"):
   * per prompt and per N, the method's value is the mean over its seeds of the seeds' grouped
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from teacli.report.read import RecipeInfo, ReportError, RunEval
+from teacli.report.read import RecipeInfo, ReportError, RunEval, default_split
 
 
 @dataclass
@@ -50,6 +54,7 @@ def group_runs(paths: Sequence[Path], names: Sequence[str], infos: Sequence[Reci
     for i, info in enumerate(infos):
         if info.name is not None and info.identity is not None and info.seed is not None:
             by_identity.setdefault((info.name, info.identity), []).append(i)
+    _refuse_default_splits(paths, infos, by_identity)
     group_of: dict[int, list[int]] = {}
     for members in by_identity.values():
         if len(members) < 2:
@@ -80,6 +85,26 @@ def group_runs(paths: Sequence[Path], names: Sequence[str], infos: Sequence[Reci
             name = f"{name} (seeds)"  # a run directory of another method already has the recipe's name
         methods.append(Method(name, members))
     return methods
+
+
+def _refuse_default_splits(paths: Sequence[Path], infos: Sequence[RecipeInfo], by_identity: dict[tuple[str, str], list[int]]) -> None:
+    """A ReportError when two seeds of one recipe differ only where a default changed between the tea_schema versions
+    that wrote them (`read.default_split`), naming the runs, each such key and both values."""
+    groups = list(by_identity.items())
+    for x, ((name, _), first) in enumerate(groups):
+        for (other, _), second in groups[x + 1:]:
+            if other != name:
+                continue
+            pair = next(((i, j) for i in first for j in second if infos[i].seed != infos[j].seed), None)
+            moved = default_split(infos[pair[0]], infos[pair[1]]) if pair else {}
+            if not moved:
+                continue
+            i, j = pair
+            values = "; ".join(f"{k} {a!r} in {paths[i]}, {b!r} in {paths[j]}" for k, (a, b) in moved.items())
+            raise ReportError(f"runs {paths[i]} (seed {infos[i].seed}) and {paths[j]} (seed {infos[j].seed}) are seeds of recipe "
+                              f"{name} written under tea_schema {infos[i].schema} and {infos[j].schema}, whose defaults differ, "
+                              f"and they ran differently: {values}; they are not one method: set the key in the recipe to the "
+                              f"value its seeds should share and train the seeds that ran otherwise again")
 
 
 def aliases(methods: Sequence[Method], paths: Sequence[Path], names: Sequence[str], infos: Sequence[RecipeInfo]) -> dict[str, str]:

@@ -9,7 +9,9 @@ Everything `report` reads comes through here (the run-directory contract, teacli
                                   run is not compared; an evaluation that records none is not checked)
     judge/<other-run>-bo<N>.jsonl pairwise judge records, when present
     recipe.yaml                   rollout.group_size (the Budget column) and the advantage rule (which
-                                  run is TEA, GRPO-Z or a test-time-aware baseline), read with PyYAML
+                                  run is TEA, GRPO-Z or a test-time-aware baseline), read with PyYAML; the
+                                  whole recipe at the defaults of its tea_schema, which says which runs are
+                                  seeds of one method (teacli/report/pool.py)
 (`eval/base/` or `eval/step_XXXXXX/` instead of `eval/` with --checkpoint base / step_N.)
 
 Nothing is skipped silently: a value that is missing, of the wrong type or not finite, a records line
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from teacli import rundir
-from teacli.config import canonical_tree
+from teacli.config import canonical_tree, default_changes, recipe_changes, schema_version
 
 _JUDGE_FILE = re.compile(r"^(?P<other>.+)-bo(?P<N>\d+)\.jsonl$")
 
@@ -61,6 +63,8 @@ class RecipeInfo:
     name: str | None = None  # the recipe's name (a method's name when its seeds are pooled)
     seed: int | None = None  # the training seed
     identity: str | None = None  # the whole recipe but its seed, canonical JSON: equal for seeds of one method
+    schema: int = 1  # its tea_schema (1: written before versions were recorded)
+    tree: dict[str, Any] | None = None  # the whole recipe but its seed, as this version writes it (None: it does not build)
 
 
 @dataclass
@@ -197,15 +201,32 @@ def read_recipe(path: Path) -> RecipeInfo:
     if not isinstance(params, dict):
         raise ReportError(f"{path}: advantage.params must be a mapping, got {params!r}")
     name, seed = data.get("name"), data.get("seed")
-    # as this version writes it, so a recipe.yaml from before a key existed still pools with seeds written since
-    tree = canonical_tree(data) or data
-    rest = {k: v for k, v in tree.items() if k != "seed"}
+    try:
+        schema = schema_version(data, missing=1)
+    except ValueError as exc:
+        raise ReportError(f"{path}: {exc}") from None
+    # as this version writes it, the keys it lacks at the defaults of its tea_schema: a recipe.yaml from before a key
+    # existed pools with seeds written since that ran alike, and not with seeds under a default that changed since
+    tree = canonical_tree(data)
+    rest = {k: v for k, v in (tree or data).items() if k != "seed"}
     try:
         identity = json.dumps(rest, sort_keys=True, default=str)
     except (TypeError, ValueError):
         identity = None
     return RecipeInfo(m, rule, params, name if isinstance(name, str) and name else None,
-                      seed if isinstance(seed, int) and not isinstance(seed, bool) else None, identity)
+                      seed if isinstance(seed, int) and not isinstance(seed, bool) else None, identity, schema,
+                      rest if tree is not None else None)
+
+
+def default_split(a: RecipeInfo, b: RecipeInfo) -> dict[str, tuple[Any, Any]]:
+    """key → (a's value, b's value) where two recorded recipes, written under different tea_schema versions, differ
+    only in keys whose default changed between those versions: the same recipe that ran otherwise because a default
+    changed. {} when they were written under one version, agree, or differ in another key too (two recipes)."""
+    if a.schema == b.schema or a.tree is None or b.tree is None:
+        return {}
+    changed = recipe_changes(a.tree, b.tree)
+    moved = default_changes(a.schema, b.schema)
+    return changed if changed and all(k in moved for k in changed) else {}
 
 
 def _number(x: Any) -> bool:

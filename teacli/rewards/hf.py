@@ -4,9 +4,11 @@ The score of a response is the reward model's scalar logit for the conversation
 [prompt messages..., assistant: response], rendered with the reward model's OWN chat template
 (not the policy's) and tokenized without a doubled BOS (`teacli.models.encode_chat`).
 
-Responses are scored in batches of `reward.batch_size`, grouped by token length (sorted, batched,
-unsorted) so that padding is small; the result does not depend on the batching. Departures from
-calling the model's forward on each example:
+Responses are scored in batches grouped by token length (sorted, batched, unsorted) so that padding is small: as
+many batches as `reward.batch_size` rows a batch make, cut where they compute the fewest tokens with none computing
+more than `reward.batch_size` of the longest rows (`batch_sizes`); the result does not depend on the batching. The
+padding the batches ran is counted (`tokens_padded`: metrics.jsonl pad_frac_reward). Departures from calling the
+model's forward on each example:
 
   * Pooling. transformers' sequence classifiers score the rightmost token that is not the pad
     token. When pad = eos (a Llama tokenizer without a pad token) and the template ends the turn
@@ -16,15 +18,31 @@ calling the model's forward on each example:
     use their own forward (right padding, `config.pad_token_id` set).
   * Truncation keeps the END of a conversation longer than `reward.max_length` (and a leading
     BOS): the response and the end-of-turn token the score is read from.
+  * Shared prompts (`reward.share_prompts`, on by default). The m responses of a group answer one prompt, so
+    their token sequences begin alike. `score` groups the rows of one prompt id and takes the group's longest
+    common token prefix (of the encoded sequences themselves, so a template that merges tokens across the
+    prompt/response boundary, or a cut conversation, only shortens it), less at least the last token of each row.
+    Groups of two or more rows whose prefix has at least MIN_SHARED_PREFIX tokens run it once: up to
+    `reward.batch_size` prefixes a forward, left-padded, kept as a KV cache, copied to each response's row
+    (`teacli.logprobs.on_prompt_cache`), and the responses' own tokens run on it, right-padded, in batches sorted
+    by length and cut as above (counting each row's copy of its prefix); the score is read at each row's last token as before. Other rows (a lone
+    response, a short common prefix, `score_texts`' rendered conversations) are scored whole. The scores are the
+    unshared ones up to float rounding (tests/rewards/test_hf_shared.py). Whole conversations are scored instead
+    where the cache does not apply (`sharing_problem`): a model tea does not pool itself, attention other than
+    sdpa or eager (flash-attention, flex), a layer whose cache is not every past key and value (sliding-window,
+    chunked or linear attention: Mistral's and Gemma 2/3's configs, hybrid and recurrent models), and compiled
+    layers (`reward.kernels: compile`, which would compile again for the cache's shapes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from teacli.models import encode_chat, is_standin, load_errors, looks_like_path, random_model, resolve_dtype
+from teacli.padding import least_padding
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +51,9 @@ if TYPE_CHECKING:
     from teacli.types import Prompt
 
 log = logging.getLogger(__name__)
+
+# A common prefix shorter than this (a lone BOS left by truncation) is not worth a pass of its own: its rows are scored whole.
+MIN_SHARED_PREFIX = 8
 
 
 class HFRewardModel:
@@ -46,6 +67,7 @@ class HFRewardModel:
         batch_size: int = 16,
         max_length: int = 4096,
         name: str | None = None,
+        share_prompts: bool = True,
     ) -> None:
         import torch
 
@@ -68,7 +90,16 @@ class HFRewardModel:
         self.device = next(model.parameters()).device
         self.truncated = 0  # conversations cut to max_length so far
         self.tokens_scored = 0  # tokens of every conversation scored so far (benchmarks/phases.py: the phase's floor)
+        self.tokens_run = 0  # tokens the model ran to score them: less than tokens_scored by the shared prefixes' repeats
+        self.tokens_padded = 0  # padding its batches ran beside those: each batch's rows × its longest, less their lengths
         self._own_pooling = _is_generic_classifier(model) and isinstance(getattr(model, "score", None), torch.nn.Module)
+        problem = None
+        if share_prompts:
+            problem = sharing_problem(model) if self._own_pooling else f"{type(model).__name__} runs its own forward"
+        if problem:
+            log.info("reward model %s: scoring whole conversations, not each prompt once (%s)", self.name, problem)
+        # whether `score` runs a group's common prefix once (the module docstring); False: every conversation whole
+        self.share_prompts = share_prompts and problem is None
 
     @classmethod
     def from_pretrained(
@@ -82,6 +113,7 @@ class HFRewardModel:
         max_length: int = 4096,
         trust_remote_code: bool = False,
         kernels: str = "eager",
+        share_prompts: bool = True,
     ) -> "HFRewardModel":
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -102,8 +134,12 @@ class HFRewardModel:
         from teacli.kernels import apply_kernels, resolve_kernels
 
         model = model.to(device)
-        apply_kernels(model, resolve_kernels(kernels, model, device, "reward.kernels"), generates=False)
-        return cls(model, tokenizer, batch_size=batch_size, max_length=max_length, name=name_or_path)
+        kind = resolve_kernels(kernels, model, device, "reward.kernels")
+        apply_kernels(model, kind, generates=False)
+        if kind == "compile" and share_prompts:
+            log.info("reward model %s: reward.kernels compile scores whole conversations (reward.share_prompts has no effect)", name_or_path)
+        return cls(model, tokenizer, batch_size=batch_size, max_length=max_length, name=name_or_path,
+                   share_prompts=share_prompts and kind != "compile")
 
     @classmethod
     def from_config(cls, cfg: "RewardConfig", device: "str | torch.device | None" = None) -> "HFRewardModel":
@@ -118,6 +154,7 @@ class HFRewardModel:
             batch_size=cfg.batch_size,
             max_length=cfg.max_length,
             kernels=cfg.kernels,
+            share_prompts=cfg.share_prompts,
         )
 
     # -- scoring ----------------------------------------------------------------------------------
@@ -149,28 +186,35 @@ class HFRewardModel:
         """prompts[B], responses[B] → rewards[B] float32 on CPU: the RM's scalar logit per response."""
         if len(prompts) != len(responses):
             raise ValueError(f"reward model: {len(prompts)} prompts but {len(responses)} responses")
-        return self._score_encoded([self.encode(p, r) for p, r in zip(prompts, responses)])
+        return self._score_encoded([self.encode(p, r) for p, r in zip(prompts, responses)], [p.id for p in prompts])
 
     def score_texts(self, texts: Sequence[str]) -> "torch.Tensor":
         """texts[B] (whole conversations in the RM's chat format, as OpenRLHF clients send) → rewards[B]."""
         return self._score_encoded([self.encode_text(t) for t in texts])
 
-    def _score_encoded(self, encoded: list[list[int]]) -> "torch.Tensor":
-        """encoded[B] token ids → rewards[B] float32 on CPU, batched by length (the result does not depend on it)."""
+    def _score_encoded(self, encoded: list[list[int]], keys: Sequence[str] | None = None) -> "torch.Tensor":
+        """encoded[B] token ids → rewards[B] float32 on CPU, batched by length (the result does not depend on it).
+        keys[B]: row b's prompt id; with `share_prompts`, the rows of one id that share a prefix run it once."""
+        import torch
+
         self.tokens_scored += sum(len(ids) for ids in encoded)
-        return score_by_length(self.model, encoded, self.batch_size, self._pack, self._forward)
+        groups, alone = [], list(range(len(encoded)))
+        if self.share_prompts and keys is not None:
+            groups, alone = shared_prefixes(encoded, keys, MIN_SHARED_PREFIX)
+        self.tokens_run += sum(len(encoded[i]) for i in alone) + sum(k + sum(len(encoded[r]) - k for r in rows) for rows, k in groups)
+        if not groups:
+            return score_by_length(self.model, encoded, self.batch_size, self._pack, self._forward)
+        scores = torch.empty(len(encoded), dtype=torch.float32)
+        if alone:
+            scores[alone] = score_by_length(self.model, [encoded[i] for i in alone], self.batch_size, self._pack, self._forward)
+        rows = [r for group, _ in groups for r in group]
+        scores[rows] = self._score_shared(encoded, groups)
+        return scores
 
     def _pack(self, batch: list[list[int]]) -> "tuple[torch.Tensor, torch.Tensor]":
         """batch[b] token ids → (input_ids, attention_mask) [b, L] on the host, right-padded."""
-        import torch
-
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, ids in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[row, : len(ids)] = 1
-        return input_ids, mask
+        self.tokens_padded += _pad_tokens(batch)
+        return _padded(batch, self.tokenizer.pad_token_id, left=False)
 
     def _forward(self, input_ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
         """A right-padded batch on the device → scores [b] float32 on the device, pooled at each row's last token.
@@ -189,13 +233,158 @@ class HFRewardModel:
             logits = self.model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # [b, labels]
         return logits[:, 0].float()
 
+    def _score_shared(self, encoded: list[list[int]], groups: list[tuple[list[int], int]]) -> "torch.Tensor":
+        """The scores [R] float32 on CPU of the groups' rows, in the order of `groups` ((rows, k): rows sharing
+        their first k tokens, every row longer than k).
+
+        Up to batch_size groups make a block, longest prefixes first: the block's prefixes run in one forward
+        (left-padded, with their mask) into a KV cache; then its rows' remaining tokens, longest first, in the batches
+        `batch_sizes` cuts (about batch_size rows a forward: more of the short ones, none holding more tokens with its
+        prefixes than batch_size of the longest), each on its prefix's keys and values (copied to its row). A group split across batches
+        keeps its one prefix pass, and only one block's cache is held at a time. Unlike whole conversations, a batch
+        holds its keys and values for every layer while it runs: batch_size × (prefix + response) tokens × 2 × layers
+        × KV heads × head size (the 8B Llama reward model: 128 KiB a token in bf16, 3 GiB for 16 rows of 1,536).
+        Every tensor is packed before the first forward and the scores read back in one copy after the last, as in
+        `score_by_length`."""
+        import torch
+
+        from teacli.logprobs import new_cache, on_prompt_cache, positions
+
+        pad, model = self.tokenizer.pad_token_id, self.model
+        place = {r: i for i, r in enumerate(r for rows, _ in groups for r in rows)}  # row → its place in the result
+        order = sorted(groups, key=lambda group: group[1], reverse=True)
+        plan, done = [], []  # per block: (prefix ids, prefix mask, its batches (row_of, ids, mask, last)); places scored
+        for start in range(0, len(order), self.batch_size):
+            block = order[start : start + self.batch_size]
+            prefixes = [encoded[rows[0]][:k] for rows, k in block]
+            self.tokens_padded += _pad_tokens(prefixes)
+            prefix_ids, prefix_mask = _padded(prefixes, pad, left=True)
+            members = sorted(((r, u, k) for u, (rows, k) in enumerate(block) for r in rows),
+                             key=lambda m: len(encoded[m[0]]) - m[2], reverse=True)  # longest remainder first
+            batches, first = [], 0
+            # a row holds its prefix's keys and values too: the cap counts them (a batch of short remainders may hold
+            # more rows, but no more tokens than batch_size of the longest with their prefixes)
+            wide = prefix_ids.shape[1]
+            for size in batch_sizes([wide + len(encoded[r]) - k for r, _, k in members], self.batch_size):
+                chunk, first = members[first : first + size], first + size
+                rest = [encoded[r][k:] for r, _, k in chunk]
+                self.tokens_padded += _pad_tokens(rest)
+                ids, mask = _padded(rest, pad, left=False)
+                batches.append((torch.tensor([u for _, u, _ in chunk]), ids, mask, torch.tensor([len(x) - 1 for x in rest])))
+                done += [place[r] for r, _, _ in chunk]
+            plan.append((prefix_ids, prefix_mask, batches))
+        plan = _to_device(plan, self.device)
+        decoder = model.base_model
+
+        def hidden_states(**inputs: Any) -> "torch.Tensor":
+            return decoder(**inputs).last_hidden_state
+
+        outs = []
+        with _inference(model):
+            for prefix_ids, prefix_mask, batches in plan:
+                cache = new_cache(model)
+                decoder(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=positions(prefix_mask),
+                        past_key_values=cache, use_cache=True)
+                for row_of, ids, mask, last in batches:
+                    hidden = on_prompt_cache(hidden_states, model, cache, prefix_mask, row_of, ids, mask)  # [b, T, H]
+                    outs.append(model.score(hidden[torch.arange(len(ids), device=ids.device), last])[:, 0].float())
+                del cache
+        scores = torch.empty(len(done), dtype=torch.float32)
+        scores[done] = torch.cat(outs).cpu()
+        return scores
+
+
+def shared_prefixes(
+    encoded: list[list[int]], keys: Sequence[str], min_prefix: int,
+) -> tuple[list[tuple[list[int], int]], list[int]]:
+    """encoded[B] token ids, keys[B] (a row's prompt id) → (groups, alone): groups = (rows, k), the rows of one key
+    that share their first k ≥ min_prefix tokens, k their longest common prefix less at least each row's last token
+    (the one the score is read from); alone = every other row. Rows are grouped by key only to find candidates: k is
+    the token sequences' own common prefix, so a key shared by different conversations costs nothing but a short k."""
+    by_key: dict[str, list[int]] = {}
+    for row, key in enumerate(keys):
+        by_key.setdefault(key, []).append(row)
+    groups, alone = [], []
+    for rows in by_key.values():
+        seqs = [encoded[r] for r in rows]
+        lo, hi = min(seqs), max(seqs)  # lexicographic: every row's common prefix is these two's
+        common = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
+        k = min(common, min(len(x) for x in seqs) - 1)
+        if len(rows) > 1 and k >= min_prefix:
+            groups.append((rows, k))
+        else:
+            alone += rows
+    return groups, sorted(alone)
+
+
+def sharing_problem(model: Any) -> str | None:
+    """Why `model`'s groups cannot run their common prefix once (None: they can): its attention is not sdpa or
+    eager, whose masks tea's shared path is tested with, or a layer's cache is not a plain full-attention key/value
+    cache (a sliding window keeps only the last keys, chunked attention its chunk, linear and recurrent layers a
+    state), so the suffix would not see the whole prefix."""
+    from transformers.cache_utils import DynamicLayer
+
+    from teacli.logprobs import new_cache
+
+    attention = getattr(model.config, "_attn_implementation", None)
+    if attention not in ("sdpa", "eager"):
+        return f"attention {attention!r} (sdpa or eager share)"
+    layers = getattr(new_cache(model), "layers", [])
+    kinds = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    if kinds or len(layers) != getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", len(layers)):
+        return f"its KV cache has {', '.join(kinds) or 'fewer'} layers, not one full-attention cache a layer"
+    return None
+
+
+def _padded(rows: list[list[int]], pad: int, *, left: bool) -> "tuple[torch.Tensor, torch.Tensor]":
+    """rows[b] token ids → (ids, mask) [b, L] on the host, padded on the left or the right."""
+    import torch
+
+    width = max(len(ids) for ids in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, x in enumerate(rows):
+        cols = slice(width - len(x), width) if left else slice(0, len(x))
+        ids[row, cols] = torch.tensor(x, dtype=torch.long)
+        mask[row, cols] = 1
+    return ids, mask
+
+
+def _pad_tokens(rows: list[list[int]]) -> int:
+    """The padding `_padded` adds to rows[b]: rows × the longest, less their lengths."""
+    return len(rows) * max(map(len, rows)) - sum(map(len, rows))
+
+
+def _to_device(tree: Any, device: "torch.device") -> Any:
+    """Every tensor of nested lists/tuples on `device`: to a GPU from pinned memory without waiting."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return tree.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tree.to(device)
+    return type(tree)(_to_device(x, device) for x in tree)
+
+
+@contextlib.contextmanager
+def _inference(model: Any) -> "Iterator[None]":
+    """`model` in eval mode under no_grad, its training flag restored after."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
 
 def score_by_length(
     model: Any, encoded: list[list[int]], batch_size: int,
     pack: "Callable[[list[list[int]]], tuple[torch.Tensor, ...]]", forward: "Callable[..., torch.Tensor]",
 ) -> "torch.Tensor":
     """encoded[B] token ids → forward's scores [B] float32 on CPU, in original order: sorted by length (longest
-    first), `batch_size` rows per forward of `pack`'s tensors, under no_grad with `model` in eval mode.
+    first), in the batches `batch_sizes` cuts (about `batch_size` rows a forward of `pack`'s tensors), under no_grad
+    with `model` in eval mode.
 
     Every batch is packed before the first forward and copied to a GPU from pinned memory without waiting, and the
     scores come back in one copy after the last: a copy from the host's pageable memory, like reading a value back,
@@ -204,22 +393,27 @@ def score_by_length(
     import torch
 
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
-    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    device = next(model.parameters()).device
-    cuda = device.type == "cuda"
-    packed = [tuple(t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device) for t in pack([encoded[i] for i in rows]))
-              for rows in batches]
+    batches, start = [], 0
+    for size in batch_sizes([len(encoded[i]) for i in order], batch_size):
+        batches.append(order[start : start + size])
+        start += size
+    packed = _to_device([pack([encoded[i] for i in rows]) for rows in batches], next(model.parameters()).device)
     scores = torch.empty(len(encoded), dtype=torch.float32)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            outs = [forward(*tensors) for tensors in packed]
-    finally:
-        model.train(was_training)
+    with _inference(model):
+        outs = [forward(*tensors) for tensors in packed]
     if outs:
         scores[order] = torch.cat(outs).float().cpu()
     return scores
+
+
+def batch_sizes(widths: list[int], batch_size: int) -> list[int]:
+    """Sizes of the forward batches of rows sorted longest first (widths[b]: row b's tokens): as many batches as
+    `batch_size` rows a batch make, cut where they compute the fewest tokens with none computing more than the first
+    (`batch_size` of the longest rows: no more memory), so a batch of shorter rows may hold more than `batch_size`
+    (`teacli.padding.least_padding`); `batch_size` rows a batch where that search is too large."""
+    count = -(-len(widths) // batch_size)
+    even = [min(batch_size, len(widths) - k * batch_size) for k in range(count)]
+    return (least_padding(widths, count, batch_size * widths[0]) if widths else None) or even
 
 
 def _is_generic_classifier(model: Any) -> bool:

@@ -38,6 +38,11 @@ Speed (issue 12), all through transformers' public hooks; the model's forward st
     step spent ~4 ms of GPU work in ~7 ms of wall time under generate (docs/performance.md).
     `loop="generate"` keeps transformers' generate (benchmarks compare the two).
 The cache is allocated per call and freed when it returns (nothing is held while the trainer runs).
+
+Rehearsals only (`rehearsal.lengths: realistic`, teacli/standins): `response_lengths`, when set, gives each row
+of a call a length drawn from the call's seed, and the decode loop ends the row with EOS at that position (EOS
+is not drawn before it; a length past max_new_tokens is cut there without one). Random weights would otherwise
+never stop. Off (None) everywhere else: sampling is exactly the contract above.
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ class HFEngine:
         # Called after each batch of `generate` with (sequences done, sequences of the call): tea train's
         # validation progress. None: nothing is reported.
         self.progress: Callable[[int, int], None] | None = None
+        # A rehearsal's drawn response lengths (the module docstring): (the call's seed, its rows) → each row's length,
+        # EOS included. None: rows end where the policy samples EOS.
+        self.response_lengths: Callable[[int, int], list[int]] | None = None
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -122,6 +130,7 @@ class HFEngine:
         compiled, static = self.resolved(device)
         config = self._generation_config(sampling, compiled, device)
         processors = self._processors(sampling)
+        stop = None if self.response_lengths is None else self.response_lengths(seed, len(flat))
         outputs: list[list[int]] = []
         was_training = self.model.training
         self.model.eval()
@@ -129,7 +138,8 @@ class HFEngine:
             with torch.no_grad(), generating(), _blank_generation_config(module), attention_implementation(module, None if self.attention == "model" else self.attention), _seeded(seed, device):
                 for start in range(0, len(flat), self.batch_size):
                     batch = flat[start : start + self.batch_size]
-                    outputs.extend(self._generate_batch(batch, config, processors, device, module, static, compiled))
+                    ends = None if stop is None else stop[start : start + self.batch_size]
+                    outputs.extend(self._generate_batch(batch, config, processors, device, module, static, compiled, ends))
                     if self.progress is not None:
                         self.progress(len(outputs), len(flat))
         finally:
@@ -204,10 +214,11 @@ class HFEngine:
 
     def _generate_batch(
         self, batch: list[list[int]], config: Any, processors: Any, device: "torch.device", module: Any, static: bool = False,
-        compiled: bool = False,
+        compiled: bool = False, ends: list[int] | None = None,
     ) -> list[list[int]]:
         """One left-padded batch; `static` = with a bucketed static cache. With `share_prefix`, a prompt that
-        appears in several rows (the n samples of a group) is prefilled once (see `_shared_prefill`)."""
+        appears in several rows (the n samples of a group) is prefilled once (see `_shared_prefill`). `ends`: each
+        row's drawn length (`response_lengths`), which only the engine's own decode loop applies."""
         import torch
 
         width = max(len(ids) for ids in batch)
@@ -228,7 +239,9 @@ class HFEngine:
         if self.share_prefix and len(distinct) < len(batch) and width > 1:
             cache = _shared_prefill(module, input_ids, attention_mask, row_of, cache)
         if self.loop == "tea" and self.sampler == "inverse_cdf":
-            return self._decode(module, input_ids, attention_mask, cache, config.max_new_tokens, list(processors), compiled).tolist()
+            return self._decode(module, input_ids, attention_mask, cache, config.max_new_tokens, list(processors), compiled, ends).tolist()
+        if ends is not None:
+            raise ValueError("response_lengths (rehearsal.lengths: realistic) needs the engine's own decode loop (loop tea, sampler inverse_cdf)")
         extra = {"past_key_values": cache} if cache is not None else {}
         out = self.model.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=config, logits_processor=processors, **extra
@@ -237,12 +250,13 @@ class HFEngine:
 
     def _decode(
         self, module: Any, input_ids: "torch.Tensor", attention_mask: "torch.Tensor", cache: Any, max_new_tokens: int,
-        processors: list[Any], compiled: bool,
+        processors: list[Any], compiled: bool, ends: list[int] | None = None,
     ) -> "torch.Tensor":
         """[rows, max_new_tokens] sampled tokens (pad after a row's EOS) for one left-padded batch: the prompt's
         uncached columns in one forward (all of them, or the last one after `_shared_prefill`), then one forward a
         token. Positions and masks are generate's: counted from each row's first real token, the 2D padding mask
-        (a static cache gets it at its full length, so every decode step has the same shapes)."""
+        (a static cache gets it at its full length, so every decode step has the same shapes). `ends`: each row's
+        drawn length (`response_lengths`): EOS at that token, none before."""
         import inspect
 
         import torch
@@ -268,8 +282,9 @@ class HFEngine:
         forward = self._compiled_forward(device) if compiled else _last_logits
         warpers, pick = self._draw_steps(processors, compiled and device.type == "cuda")
         past = cache.get_seq_length()  # the shared prefill's columns, or none
+        last = None if ends is None else torch.tensor(ends, device=device) - 1  # each row's EOS position
         logits = module(input_ids=input_ids[:, past:], logits_to_keep=1, **inputs(past, width)).logits[:, -1, :]
-        token, unfinished = _draw(logits, warpers, pick, torch.ones(rows, dtype=torch.bool, device=device), eos, pad)
+        token, unfinished = _draw(logits, warpers, pick, torch.ones(rows, dtype=torch.bool, device=device), eos, pad, last)
         tokens = torch.empty((rows, max_new_tokens), dtype=torch.long, device=device)
         tokens[:, 0] = token
         for t in range(1, max_new_tokens):
@@ -279,7 +294,7 @@ class HFEngine:
             if compiled:
                 torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits are read: its outputs may be reused
             logits = forward(module, token[:, None], inputs(width + t - 1, width + t))
-            token, unfinished = _draw(logits, warpers, pick, unfinished, eos, pad)
+            token, unfinished = _draw(logits, warpers, pick, unfinished, eos, pad, None if last is None else last - t)
             tokens[:, t] = token
         return tokens
 
@@ -326,18 +341,27 @@ def _last_logits(module: Any, token: "torch.Tensor", inputs: dict[str, Any]) -> 
 
 
 def _draw(logits: "torch.Tensor", warpers: list[Any], pick: Callable[..., "torch.Tensor"], unfinished: "torch.Tensor",
-          eos: "torch.Tensor", pad: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+          eos: "torch.Tensor", pad: "torch.Tensor", left: "torch.Tensor | None" = None) -> tuple["torch.Tensor", "torch.Tensor"]:
     """generate's sampling step with do_sample off: the contract's warpers on the fp32 logits, the draw (`pick`:
     `inverse_cdf_tokens` or its compiled self, on one uniform number a row, drawn as `InverseCDFSampler` draws it),
-    pad for rows that have ended, and which rows are still unfinished after this token."""
+    pad for rows that have ended, and which rows are still unfinished after this token.
+
+    left [rows] (a rehearsal's drawn lengths, `HFEngine.response_lengths`): tokens each row has left before its EOS;
+    EOS is not drawn where it is above 0 and replaces the draw where it is 0. None: the draw as it is."""
     import torch
 
     scores = logits
+    if left is not None:  # before the warpers (top-k keeps k tokens that are not EOS); out of place: the logits may be
+        # a compiled forward's output buffer
+        scores = scores.index_copy(1, eos, scores[:, eos].masked_fill((left > 0)[:, None], -float("inf")))
     if warpers:
-        scores = logits.float()
+        scores = scores.float()
         for warper in warpers:
             scores = warper(None, scores)
-    token = torch.where(unfinished, pick(scores, _uniforms(scores)), pad)
+    drawn = pick(scores, _uniforms(scores))
+    if left is not None:
+        drawn = torch.where(left == 0, eos[0], drawn)
+    token = torch.where(unfinished, drawn, pad)
     return token, unfinished & ~torch.isin(token, eos)
 
 

@@ -16,11 +16,24 @@ stand in for what the hub and the data would give:
     word, and a reward model with the same vocabulary re-tokenizes the text to the same number of
     tokens. Its chat template marks roles with tokens at the top of the vocabulary.
   * **Prompts.** Every split of the recipe's data (train, val, heldout, core250, core500, heldout_ext)
-    as a prepare-data directory of prompts that are exactly `rehearsal.prompt_tokens` tokens long after
-    the policy's chat template (`data_dir`), each with one constraint for a rule reward to check.
+    as a prepare-data directory of prompts (`data_dir`), each with one constraint for a rule reward to check:
+    exactly `rehearsal.prompt_tokens` tokens long after the policy's chat template (`rehearsal.lengths: fixed`),
+    or of lengths drawn like UltraFeedback's (`realistic`, below).
 
-Random weights almost never sample EOS (one id of ~128k), so every completion runs to
-`rollout.max_new_tokens`: a rehearsal measures the longest steps a recipe can take.
+Random weights almost never sample EOS (one id of ~128k), so with `rehearsal.lengths: fixed` every completion
+runs to `rollout.max_new_tokens`: a rehearsal measures the longest steps a recipe can take, with prompts and
+completions of one length each, hence no padding anywhere.
+
+`rehearsal.lengths: realistic` draws the lengths instead, so that a rehearsal pads as a real run does. Both are
+log-normal (text lengths are right-skewed: most prompts are a sentence or two, a few paste a document), an
+assumption matched to published means, not fitted to the data (there is none offline): the UltraFeedback paper
+(Cui et al., 2023, its table of preference datasets) gives ~185 tokens a prompt and ~305 a response on average. A
+prompt's length after a Llama-3 chat template (whose system header and turn headers add ~30 tokens) has median
+PROMPT_MEDIAN and log-sd PROMPT_SIGMA (mean ≈ 225), clipped to [PROMPT_MIN, data.max_prompt_tokens]; a response's
+has median RESPONSE_MEDIAN and log-sd RESPONSE_SIGMA (mean ≈ 320 uncut, ~15% longer than 512 tokens), and the hf
+engine ends each sampled response with EOS at its drawn length (`response_lengths`; one cut at
+rollout.max_new_tokens has none, as an over-long real one). Every draw is seeded: the prompts by the recipe's seed
+and the split, the responses by each generation call's seed, which the recipe's seed and the step give.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import random
 import re
 import shutil
@@ -50,6 +64,11 @@ _PROMPT_WORDS = 100_000  # prompt words are drawn from the first ids, below ever
 _CONSTRAINTS = [{"type": "word_count", "min": 1}]
 _DATA_VERSION = 2  # in the stand-in data's cache key: 2 = with _CONSTRAINTS
 SPLIT_PROMPTS = {"train": 4096, "val": 512, "heldout": 1000, "core250": 250, "core500": 500, "heldout_ext": 1000}
+# rehearsal.lengths: realistic (the module docstring): log-normal lengths in tokens, median and log-sd.
+PROMPT_MEDIAN, PROMPT_SIGMA = 150, 0.9  # after a Llama-3 chat template
+PROMPT_MIN = 31  # the tokens a Llama-3.1/3.2 chat template adds to a user turn (~30: its system header with the dates,
+# the user and assistant headers) and one word: no shorter prompt reaches the policy or the reward model
+RESPONSE_MEDIAN, RESPONSE_SIGMA = 250, 0.7
 
 
 def known_models() -> dict[str, Path]:
@@ -281,40 +300,52 @@ def stand_in(recipe: "Recipe") -> "Recipe":
 
 def data_dir(recipe: "Recipe") -> Path:
     """A prepare-data directory of stand-in prompts for `recipe` (its policy already a stand-in or a local model):
-    every split, each prompt exactly `rehearsal.prompt_tokens` tokens after the policy's chat template
-    (`rehearsal.eval_prompts`, when set, is the size of each held-out split)."""
+    every split, each prompt exactly `rehearsal.prompt_tokens` tokens after the policy's chat template, or with
+    `rehearsal.lengths: realistic` of a length drawn by `prompt_lengths` (`rehearsal.eval_prompts`, when set, is the
+    size of each held-out split)."""
     from teacli.models import cache_dir, encode_chat, load_tokenizer
 
     reh = recipe.rehearsal
+    realistic = reh.lengths == "realistic"
     tokenizer = load_tokenizer(recipe.policy)
     overhead = len(encode_chat(tokenizer, [{"role": "user", "content": ""}], add_generation_prompt=True))
-    words = reh.prompt_tokens - overhead
-    if words < 1:
+    if not realistic and reh.prompt_tokens - overhead < 1:
         raise ValueError(f"rehearsal.prompt_tokens: {reh.prompt_tokens} leaves no room for a prompt after the chat "
                          f"template's {overhead} tokens; raise it")
+    if realistic and recipe.data.max_prompt_tokens <= overhead:
+        raise ValueError(f"data.max_prompt_tokens: {recipe.data.max_prompt_tokens} leaves no room for a stand-in prompt "
+                         f"after the chat template's {overhead} tokens; raise it")
     key = hashlib.sha256(f"{recipe.policy.name_or_path}|{recipe.policy.chat_template}|{_DATA_VERSION}".encode()).hexdigest()[:12]
-    out = cache_dir() / "standins" / "data" / f"{key}-p{reh.prompt_tokens}-e{reh.eval_prompts}"
+    lengths = (f"r{recipe.seed}-{PROMPT_MEDIAN}-{PROMPT_SIGMA}-{PROMPT_MIN}-max{recipe.data.max_prompt_tokens}" if realistic
+               else f"p{reh.prompt_tokens}")
+    out = cache_dir() / "standins" / "data" / f"{key}-{lengths}-e{reh.eval_prompts}"
     sizes = {s: (reh.eval_prompts if reh.eval_prompts and s not in ("train", "val") else n) for s, n in SPLIT_PROMPTS.items()}
     if all((out / f"{s}.jsonl").is_file() for s in sizes):
         return out
     vocab = min(len(tokenizer), _PROMPT_WORDS)
+    low = min(max(overhead + 1, PROMPT_MIN), recipe.data.max_prompt_tokens)  # realistic: the shortest prompt
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         for split, count in sizes.items():
             rng = random.Random(f"{split}-{reh.prompt_tokens}")
+            totals = (prompt_lengths(count, f"{split}-{recipe.seed}", low, recipe.data.max_prompt_tokens) if realistic
+                      else [reh.prompt_tokens] * count)
             lines = []
-            for i in range(count):
-                text = " ".join(f"t{rng.randrange(vocab)}" for _ in range(words))
+            for i, total in enumerate(totals):
+                text = " ".join(f"t{rng.randrange(vocab)}" for _ in range(total - overhead))
                 lines.append(json.dumps({"id": f"{split}-{i:05d}", "messages": [{"role": "user", "content": text}],
                                          "constraints": _CONSTRAINTS}) + "\n")
             (tmp / f"{split}.jsonl").write_text("".join(lines))
         ids = encode_chat(tokenizer, json.loads(lines[0])["messages"], add_generation_prompt=True)
-        if len(ids) != reh.prompt_tokens:  # the policy's tokenizer is not a stand-in's (stand_in makes one): say so
+        if len(ids) != totals[0]:  # the policy's tokenizer is not a stand-in's (stand_in makes one): say so
             raise ValueError(f"policy.name_or_path: {recipe.policy.name_or_path!r} is not a stand-in (no {STANDIN_MARKER}): "
                              f"its tokenizer splits the stand-in prompts' words ({len(ids)} tokens for a "
-                             f"{reh.prompt_tokens}-token prompt); a rehearsal's policy is the stand-in of its shape")
-        (tmp / "manifest.json").write_text(json.dumps({"source": "rehearsal", "prompt_tokens": reh.prompt_tokens, "splits": sizes}) + "\n")
+                             f"{totals[0]}-token prompt); a rehearsal's policy is the stand-in of its shape")
+        manifest = ({"source": "rehearsal", "lengths": "realistic", "max_prompt_tokens": recipe.data.max_prompt_tokens,
+                     "seed": recipe.seed, "splits": sizes} if realistic
+                    else {"source": "rehearsal", "prompt_tokens": reh.prompt_tokens, "splits": sizes})
+        (tmp / "manifest.json").write_text(json.dumps(manifest) + "\n")
         umask_modes(tmp)
         try:
             tmp.rename(out)
@@ -326,10 +357,44 @@ def data_dir(recipe: "Recipe") -> Path:
     return out
 
 
+def lognormal_lengths(rng: random.Random, count: int, median: float, sigma: float, low: int, high: int) -> list[int]:
+    """`count` lengths drawn from a log-normal of this median and log-sd, rounded and clipped to [low, high]."""
+    mu = math.log(median)
+    return [min(high, max(low, round(rng.lognormvariate(mu, sigma)))) for _ in range(count)]
+
+
+def prompt_lengths(count: int, seed: str, low: int, high: int) -> list[int]:
+    """`rehearsal.lengths: realistic`: `count` prompt lengths (tokens after the chat template), UltraFeedback-like
+    (PROMPT_MEDIAN, PROMPT_SIGMA: the module docstring), clipped to [low, high]; the same for the same `seed`."""
+    return lognormal_lengths(random.Random(f"prompts-{seed}"), count, PROMPT_MEDIAN, PROMPT_SIGMA, low, high)
+
+
+def response_lengths(seed: int, count: int) -> list[int]:
+    """`rehearsal.lengths: realistic`: `count` response lengths in tokens, EOS included (RESPONSE_MEDIAN,
+    RESPONSE_SIGMA: the module docstring), at least 1 and not capped: the engine cuts one longer than
+    rollout.max_new_tokens there, without EOS. The same for the same `seed` (a generation call's)."""
+    return lognormal_lengths(random.Random(f"responses-{seed}"), count, RESPONSE_MEDIAN, RESPONSE_SIGMA, 1, 2**31)
+
+
+def end_responses(recipe: "Recipe", *engines: Any) -> None:
+    """With `rehearsal.lengths: realistic`, make each generation engine end every response at a length drawn by
+    `response_lengths` (the hf engine's `response_lengths` hook); otherwise nothing. An engine without the hook
+    (vllm) is a ValueError naming the key."""
+    if not recipe.rehearsal.enabled or recipe.rehearsal.lengths != "realistic":
+        return
+    for engine in engines:
+        if not hasattr(engine, "response_lengths"):
+            raise ValueError(f"rehearsal.lengths: realistic ends each response at a drawn length in the hf engine; the "
+                             f"{type(engine).__name__} cannot: set rollout.engine: hf (or rehearsal.lengths: fixed)")
+        engine.response_lengths = response_lengths
+
+
 def banner(recipe: "Recipe") -> str:
     """The line a rehearsal prints first, so that nobody mistakes its numbers for results."""
+    prompts = (f"{recipe.rehearsal.prompt_tokens}-token prompts" if recipe.rehearsal.lengths == "fixed"
+               else "prompts and responses of UltraFeedback-like lengths")
     return (f"rehearsal of {recipe.name}: random weights of the recipe's model shapes, stand-in tokenizer and "
-            f"{recipe.rehearsal.prompt_tokens}-token prompts; for time and memory only, not evidence")
+            f"{prompts}; for time and memory only, not evidence")
 
 
 def is_rehearsal(recipe_tree: dict[str, Any]) -> bool:

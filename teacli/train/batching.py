@@ -2,9 +2,12 @@
 
 `stream_prompts` names the prompts of a data position (seeded epochs, identical on resume); `micro_batches` cuts a
 rank's sequences into exactly the engine's gradient-accumulation count of length-sorted micro-batches, so a step is
-one optimizer update whatever the lengths; `pack` / `pack_shared` pad them (the prompt left, the completion right;
-shared: each distinct prompt once, for `logprobs.shared_prompt_logprobs`); `packed_micro_batches` moves them to the
-device before the first forward; `token_counts` says what each phase processed.
+one optimizer update whatever the lengths; `pack_tight` / `pack_shared` pad them (each sequence whole, left-padded;
+shared: each distinct prompt once, left-padded, and the completions right-padded, for
+`logprobs.shared_prompt_logprobs`; `pack`, the prompt left-padded and the completion right-padded, is what the
+behaviour log-probs and the diagnostics read); `packed_micro_batches` moves them to the device before the first
+forward; `token_counts` says what each phase processed, `padding` how much of what the micro-batches compute is
+padding (metrics.jsonl `pad_frac_train`, `pad_frac_reference`).
 """
 
 from __future__ import annotations
@@ -42,19 +45,27 @@ def stream_prompts(prompts: list[Any], start: int, count: int, seed: int) -> lis
 
 
 def micro_batches(lengths: list[int], n: int, groups: list[int] | None = None) -> list[list[int]]:
-    """Exactly `n` micro-batches of sequence indices: sorted by length (by group, then length, when
-    `groups` is given: the sequences of a prompt stay together), then split evenly.
+    """Exactly `n` micro-batches of sequence indices, sorted by length (by group, then length, when `groups` is
+    given: the sequences of a prompt stay together), then cut into consecutive micro-batches.
 
-    Sizes differ by at most one (the shorter sequences get the larger batches); with fewer sequences
-    than `n`, the last ones are empty. Exactly `n` backward passes make the last one DeepSpeed's
-    gradient-accumulation boundary by construction, whatever the number of sequences.
+    Without groups (each sequence packed whole, `pack_tight`: a micro-batch computes its rows × its longest) the
+    cut is the one that computes the fewest tokens with no micro-batch computing more than the largest of the even
+    cut (`teacli.padding.least_padding`: more of the short sequences in a batch, fewer of the long); with groups, or
+    where that search is too large, the even cut: sizes that differ by at most one (the shorter sequences get the
+    larger batches). With fewer sequences than `n`, the last ones are empty. Exactly `n` backward passes make the
+    last one DeepSpeed's gradient-accumulation boundary by construction, whatever the number of sequences; how the
+    sequences are cut changes only the order of the gradient's terms.
     """
+    from teacli.padding import computed, even_sizes, least_padding
+
     key = (lambda i: lengths[i]) if groups is None else (lambda i: (groups[i], lengths[i]))
     order = sorted(range(len(lengths)), key=key)
-    q, r = divmod(len(order), n)
+    sizes = even_sizes(len(order), n)
+    if groups is None and len(order) >= n:
+        widths = [lengths[i] for i in order]
+        sizes = least_padding(widths, n, max(computed(widths, sizes))) or sizes
     out, start = [], 0
-    for k in range(n):
-        size = q + (k < r)
+    for size in sizes:
         out.append(order[start : start + size])
         start += size
     return out
@@ -88,6 +99,33 @@ def pack(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int,
     return input_ids.to(device), attn.to(device), c_mask.to(device), p_ids.shape[1]
 
 
+def pack_tight(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", int]:
+    """The sequences of `pack`, each prompt and its completion joined and left-padded to the longest sequence: a
+    batch pads to its longest sequence, not to its longest prompt plus its longest completion, which are seldom one
+    sequence's (with prompts and completions of spread lengths, that sum often pads a micro-batch by a quarter).
+
+    Returns input_ids [B, W], attention_mask [B, W], completion mask [B, Tc] and Lp = W − Tc, as `pack` does: the
+    columns from Lp hold every completion (Tc: the longest), each ending at the last column, so a shorter one has its
+    prompt's last tokens in them (mask 0). The log-probs at the mask are the same as from `pack`'s batch
+    (`logprobs.token_logprobs` with the mask's `completion_index`), but a completion's t-th token sits at column
+    Tc − len + t of the mask, not t: what is aligned with it (the sampler's log-probs) is right-aligned too.
+    """
+    import torch
+
+    tc = max(1, max(len(c) for c in completions))
+    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completions)]
+    width = max(tc + 1, max(len(r) for r in rows))  # at least one prompt column before the completions
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    cmask = torch.zeros((len(rows), tc), dtype=torch.long)
+    for i, (r, c) in enumerate(zip(rows, completions)):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        attn[i, width - len(r) :] = 1
+        if c:
+            cmask[i, tc - len(c) :] = 1
+    return ids.to(device), attn.to(device), cmask.to(device), width - tc
+
+
 def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", ...]:
     """The sequences of `pack` with each distinct prompt once (for `logprobs.shared_prompt_logprobs`).
 
@@ -106,8 +144,9 @@ def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_i
 def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tensor", batches: list[list[int]], shared: bool,
                          pad_id: int, device, seq_rollout_logp: list | None = None) -> list[tuple]:
     """(weight, batch, advantages, sampler log-probs) of every micro-batch, on `device`: the batch as `pack_shared`
-    (shared) or `pack` builds it, plus its completion positions (`logprobs.completion_index`, found on the host); the
-    sampler's log-probs (`importance.pack_rollout_logprobs`) where `seq_rollout_logp` is given, else None.
+    (shared) or `pack_tight` builds it, plus its completion positions (`logprobs.completion_index`, found on the host);
+    the sampler's log-probs (`importance.pack_rollout_logprobs`, aligned with the batch's completion mask) where
+    `seq_rollout_logp` is given, else None.
 
     Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
     the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
@@ -121,14 +160,44 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     for idx in batches:
         weight = 1.0 if idx else 0.0
         idx = idx or batches[0][:1]
-        batch = (pack_shared if shared else pack)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
+        batch = (pack_shared if shared else pack_tight)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
         cmask = batch[-1] if shared else batch[2]
         moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, completion_index(cmask)))
         rollout = None
         if seq_rollout_logp is not None:
-            rollout = pack_rollout_logprobs([seq_rollout_logp[i] for i in idx], cmask.shape[1], device)
+            rows = [seq_rollout_logp[i] for i in idx]
+            if not shared:  # pack_tight: each completion ends at the mask's last column
+                rows = [None if r is None else [0.0] * (cmask.shape[1] - len(seq_comp[i])) + list(r) for i, r in zip(idx, rows)]
+            rollout = pack_rollout_logprobs(rows, cmask.shape[1], device)
         out.append((weight, moved, seq_adv[idx].to(device), rollout))
     return out
+
+
+def padding(seq_prompt: list[list[int]], seq_comp: list[list[int]], batches: list[list[int]], shared: bool) -> tuple[int, int]:
+    """(padding tokens, tokens computed) of the micro-batches `packed_micro_batches` packs, from the lengths alone: a
+    `pack_tight` batch computes its rows × its longest sequence, a `pack_shared` one its distinct prompts × the
+    longest of them plus its rows × the longest completion (each at least one column, as they pad). An empty
+    micro-batch's zero-weight pass over one sequence is computed too."""
+    pad = computed = 0
+    for idx in batches:
+        idx = idx or batches[0][:1]
+        comps = [len(seq_comp[i]) for i in idx]
+        if shared:
+            prompts = [len(p) for p in {tuple(seq_prompt[i]) for i in idx}]
+            batch = len(prompts) * max(1, *prompts) + len(comps) * max(1, *comps)
+            real = sum(prompts) + sum(comps)
+        else:
+            totals = [len(seq_prompt[i]) + n for i, n in zip(idx, comps)]
+            batch = len(totals) * max(max(1, *comps) + 1, *totals)
+            real = sum(totals)
+        pad += batch - real
+        computed += batch
+    return pad, computed
+
+
+def pad_share(pad: int, computed: int) -> float:
+    """The share of computed tokens that are padding (0 when nothing was computed)."""
+    return pad / computed if computed else 0.0
 
 
 def token_counts(prompt_ids: list[list[int]], groups: list[list[Completion]]) -> dict[str, int]:

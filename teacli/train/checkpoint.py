@@ -7,7 +7,7 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from teacli.rundir import RunDir, step_dir_name, write_text_atomic, writing
 from teacli.train.errors import TrainError
@@ -28,9 +28,11 @@ def save_hf_model(module, state: dict[str, Any], tokenizer, directory: Path, lor
     tokenizer.save_pretrained(directory)
 
 
-def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, extra_state: dict[str, Any]) -> Path:
+def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, extra_state: dict[str, Any],
+                    keep: Callable[[Path], None] | None = None) -> Path:
     """checkpoints/step_XXXXXX: the HF model, the trainer state (weights, optimizer, RNG, data position), the recipe;
-    written into a temporary directory and renamed, so a failure (a full disk) leaves the last complete one."""
+    written into a temporary directory and renamed, so a failure (a full disk) leaves the last complete one.
+    keep(directory): every rank's own files into it (a one-step-off-policy run's batch in flight), before the rest."""
     import torch
 
     from teacli.config import to_yaml
@@ -45,6 +47,9 @@ def save_checkpoint(run: RunDir, engine, tokenizer, recipe, world, step: int, ex
     state = backend.full_state_dict(engine.module, recipe.backend.zero_stage, world.is_main)
     try:
         with writing(tmp):
+            if keep is not None:
+                keep(tmp)
+                backend.barrier()  # every rank's files are in before the main rank commits
             backend.save_engine_state(engine, str(tmp / "trainer"), tag="state")
             if world.is_main:
                 save_hf_model(engine.module, state, tokenizer, tmp, recipe.policy.lora.enabled)

@@ -32,16 +32,17 @@ LEVELS = ("off", "token", "sequence")
 _STAT_LOG_CAP = 80.0  # e^80 ≈ 5.5e34: large ratios stay finite (and JSON-writable) in the statistics
 
 
-def resolve_is_correction(setting: str, engine: str) -> str:
-    """`rollout.is_correction` for the engine that actually runs: auto → token for vllm, off for hf."""
+def resolve_is_correction(setting: str, engine: str, staleness: int = 0) -> str:
+    """`rollout.is_correction` for the engine that actually runs: auto → token for vllm or one step off-policy
+    (`rollout.max_staleness` 1: the stale sampler's log-probs are the behaviour policy's), off for hf on-policy."""
     if setting == "auto":
-        return "token" if engine == "vllm" else "off"
+        return "token" if engine == "vllm" or staleness > 0 else "off"
     if setting not in LEVELS:
         raise ValueError(f"rollout.is_correction: {setting!r} is not one of auto, off, token, sequence")
-    if setting != "off" and engine != "vllm":
+    if setting != "off" and engine != "vllm" and staleness == 0:
         raise ValueError(
             f"rollout.is_correction: {setting!r} needs the sampler's log-probs, which only the vllm engine returns "
-            f"(this run's engine is {engine}); use auto or off"
+            f"(this run's engine is {engine}) or an off-policy run (rollout.max_staleness 1); use auto or off"
         )
     return setting
 

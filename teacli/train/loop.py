@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 from teacli.monitors import hacking
 from teacli.rundir import RunDir, with_traceback_file
 from teacli.session import generate_and_score
-from teacli.train.batching import stream_prompts, token_counts
+from teacli.train.batching import pad_share, stream_prompts, token_counts
 from teacli.train.checkpoint import save_checkpoint
 from teacli.train.errors import Interrupted, TrainError
 from teacli.train.resume import Start, check_run_dir, check_selection, commit_run_dir, on_rank0, run_lock, say
 from teacli.train.setup import TrainSession, dropped_warning, setup
+from teacli.train.sharding import reshard, shares
 from teacli.train.update import train_step
 from teacli.train.validation import reset_watch_baseline, validate_on_ranks
 
@@ -73,7 +74,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     engine, why = recipe_engine(recipe, recipe.rollout.prompts_per_step // max(world_size, 1) * recipe.rollout.group_size)
     try:  # the importance correction the engine that will run needs (before any model is loaded)
-        is_level = resolve_is_correction(recipe.rollout.is_correction, engine)
+        is_level = resolve_is_correction(recipe.rollout.is_correction, engine, recipe.rollout.max_staleness)
     except ValueError as exc:
         raise TrainError(str(exc)) from None
     if recipe.rollout.engine == "auto" and why not in AUTO_WITHOUT_CHOICE and os.environ.get("RANK", "0") == "0":
@@ -127,6 +128,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     reset_watch_baseline()
     s = _setup_or_explain(recipe, world, is_level, engine_name)
     start, position, memory = _begin(s, recipe, run, world, resume)
+    ahead = _one_step_ahead(s, recipe, world, is_level, resume)  # None on-policy (rollout.max_staleness 0)
     sink = metrics_sink(run, recipe, world, start)
     adv_params = dict(recipe.advantage.params)
     if recipe.advantage.name == "chow":
@@ -147,24 +149,27 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
         for step in range(start, recipe.optim.steps):
             t_step = time.perf_counter()
             backend.peak_memory_gib(world.device)  # CUDA: count this step's peaks from here
-            scored = getattr(s.reward, "tokens_scored", None)  # a reward model counts the tokens it scores
+            # a reward model counts the tokens it scores (off-policy it also scores the next batch meanwhile)
+            scored = None
+            if ahead is None and hasattr(s.reward, "tokens_scored"):
+                scored = {"tokens_reward": s.reward.tokens_scored, "tokens_reward_run": getattr(s.reward, "tokens_run", None),
+                          "tokens_reward_padded": getattr(s.reward, "tokens_padded", None)}
 
-            # 1. Rollouts: this rank's P/W prompts × m samples from the current policy, scored.    rewards [P/W, m]
+            # 1. Rollouts: this rank's share of the P prompts × m samples, scored.               rewards [P/W, m]
+            #    On-policy from the weights this step updates; one step off (rollout.max_staleness 1), the batch made
+            #    while the last step trained, and the next one begun from these weights.
             phase = "generation (rollout.batch_size, rollout.max_new_tokens)"
-            s.rollout.wake()
-            with backend.generation_weights(s.engine, recipe.backend.zero_stage, s.rollout):
-                sel, position, t_gen, t_rew = generate_step(s.rollout, s.reward, s.train_prompts, recipe, world, step, position)
-            s.rollout.sleep()
+            sel, position, rollout_times = step_rollouts(s, recipe, world, ahead, step, position)
 
             # 2. Advantages: the rule on each group's rewards, then advantage.scale_rewards.       [P/W, m]
             unscaled, advantages = step_advantages(recipe, sel, adv_params)
 
-            # 3. The update: Σ A·∇log π + β·∇KL over the step's sequences, one optimizer step.
+            # 3. The update: Σ A·∇log π + β·∇KL over the step's sequences (P·m/W a rank), one optimizer step.
             phase = "training (optim.micro_batch_size, policy.gradient_checkpointing)"
             peaks = [backend.peak_memory_gib(world.device)]
             t0 = time.perf_counter()
-            stats = train_step(s.engine, s.reference, recipe, sel.prompt_ids, sel.groups, advantages, s.pad_id, world.device,
-                               is_level=is_level)
+            stats = train_step(s.engine, s.reference, recipe, *train_shard(sel, advantages, recipe, world), s.pad_id, world.device,
+                               is_level=is_level, denominator=train_denominator(recipe, world))
             t_train = time.perf_counter() - t0 - stats.pop("time_ref_logprobs")
             t_ref = time.perf_counter() - t0 - t_train
             peaks.append(backend.peak_memory_gib(world.device))
@@ -179,8 +184,8 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             if peaks[0] is not None:  # CUDA: torch.cuda.max_memory_allocated of the step and of its training phase
                 memory.update(gpu_peak_gib=max(peaks), gpu_peak_train_gib=peaks[1],
                               gpu_held_gib=torch.cuda.memory_allocated(world.device) / 2**30)  # what stays between steps
-            times = {"time_generate": t_gen, "time_reward": t_rew, "time_ref_logprobs": t_ref, "time_train": t_train,
-                     "time_sync": t_sync, "time_step": time.perf_counter() - t_step}
+            times = {**rollout_times, "time_ref_logprobs": t_ref, "time_train": t_train, "time_sync": t_sync,
+                     "time_step": time.perf_counter() - t_step}
             local, record = step_record(s, recipe, world, step, sel, unscaled, advantages, stats, times, memory, scored)
             sink.write(record, local=local)
             if world.is_main and record.get("dynamic_filled_groups", 0) > 0:
@@ -194,7 +199,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             if (step + 1) % recipe.checkpoint.save_every == 0 or step + 1 == recipe.optim.steps:
                 phase = "validation and checkpoint (validation.samples, rollout.batch_size)"
                 _checkpoint_and_validate(run, s.engine, s.rollout, s.tokenizer, s.reward, s.val_prompts, recipe, world, step + 1,
-                                         sink, position, progress)
+                                         sink, position, progress, ahead)
     except torch.OutOfMemoryError:
         raise TrainError(
             f"out of memory during {phase}: lower the recipe keys named there (they may change on resume), or use "
@@ -205,12 +210,47 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     finally:
         progress.close()
         sink.close()
+        if ahead is not None:
+            ahead.close()
     if world.world_size > 1 and hasattr(s.rollout, "close"):
         s.rollout.close()  # vLLM's parallel groups go before the trainer's process group (train: backend.close_world)
 
 
 # ------------------------------------------------------------------------------------------------
 # The step's parts
+
+
+def step_rollouts(s: TrainSession, recipe: "Recipe", world, ahead, step: int, position: int):
+    """The step's groups on this rank (a Selection), the data position after them, and their times and weights'
+    version for metrics.jsonl. `ahead`: one step off-policy's OneStepAhead (teacli/train/offpolicy.py), or None."""
+    from teacli.train import backend
+
+    if ahead is None:
+        s.rollout.wake()
+        with backend.generation_weights(s.engine, recipe.backend.zero_stage, s.rollout):
+            sel, position, t_gen, t_rew = generate_step(s.rollout, s.reward, s.train_prompts, recipe, world, step, position)
+        s.rollout.sleep()
+        return sel, position, {"time_generate": t_gen, "time_reward": t_rew, "weights_version": step}
+    weights = lambda: backend.named_weights(s.engine.module, recipe.backend.zero_stage)  # noqa: E731
+    batch, waited = ahead.take(step, position, weights, version=step)
+    if step + 1 < recipe.optim.steps:
+        ahead.start(step + 1, batch.position, weights(), version=step)
+    return batch.sel, batch.position, {**batch.times, "weights_version": batch.version, "staleness": step - batch.version,
+                                       "time_wait_rollouts": waited}
+
+
+def train_shard(sel, advantages, recipe: "Recipe", world) -> tuple:
+    """(prompt ids, groups, advantages) this rank trains on: its own groups, or where the ranks hold unequal numbers
+    of them (P not a multiple of W) its slice of the step's sequences (teacli/train/sharding.py)."""
+    if recipe.rollout.prompts_per_step % world.world_size == 0:
+        return sel.prompt_ids, sel.groups, advantages
+    return reshard(sel.prompt_ids, sel.groups, advantages, world.rank, world.world_size)
+
+
+def train_denominator(recipe: "Recipe", world) -> float | None:
+    """What the loss divides by: None (this rank's sequences) where the ranks hold equal shares, else P·m / W."""
+    P, W = recipe.rollout.prompts_per_step, world.world_size
+    return None if P % W == 0 else P * recipe.rollout.group_size / W
 
 
 def generate_step(rollout, reward, train_prompts, recipe, world, step: int, position: int):
@@ -224,7 +264,6 @@ def generate_step(rollout, reward, train_prompts, recipe, world, step: int, posi
     from teacli.train import backend, dynamic
 
     r = recipe.rollout
-    local_P = r.prompts_per_step // world.world_size
 
     def run_round(start: int, count: int, k: int) -> dynamic.Round:
         batch = stream_prompts(train_prompts, start, count, recipe.seed)
@@ -233,14 +272,17 @@ def generate_step(rollout, reward, train_prompts, recipe, world, step: int, posi
         prompts, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, batch, recipe, r.group_size, seed=seed)
         return dynamic.Round(prompts, prompt_ids, groups, rewards, t_gen, t_rew)
 
-    rounds, position = dynamic.collect(
-        run_round, want=local_P, position=position, world_size=world.world_size, rank=world.rank,
-        max_extra_rounds=r.max_resample_rounds, dynamic=r.dynamic_sampling, reduce_max=backend.all_reduce_max,
-    )
-    if r.dynamic_sampling:
+    if r.dynamic_sampling:  # rounds agreed over the ranks (P a multiple of them)
+        local_P = r.prompts_per_step // world.world_size
+        rounds, position = dynamic.collect(
+            run_round, want=local_P, position=position, world_size=world.world_size, rank=world.rank,
+            max_extra_rounds=r.max_resample_rounds, dynamic=True, reduce_max=backend.all_reduce_max,
+        )
         sel = dynamic.select(rounds, local_P)
-    else:
-        (rd,) = rounds
+    else:  # this rank's contiguous share of the step's P prompts (teacli/train/sharding.py)
+        start, count = shares(r.prompts_per_step, world.world_size)[world.rank]
+        rd = run_round(position + start, count, 0)
+        rounds, position = [rd], position + r.prompts_per_step
         sel = dynamic.Selection(rd.prompts, rd.prompt_ids, rd.groups, rd.rewards, torch.zeros(len(rd.groups), dtype=torch.bool))
     return sel, position, sum(rd.time_generate for rd in rounds), sum(rd.time_reward for rd in rounds)
 
@@ -262,19 +304,25 @@ def step_advantages(recipe: "Recipe", sel, adv_params: dict[str, Any]) -> tuple[
 
 
 def batch_reward_std(rewards: "torch.Tensor", how: str) -> float | None:
-    """The population std of every rank's rewards [P, m] (each rank holds as many), for advantage.scale_rewards:
-    batch; None for any other scale."""
+    """The population std of every rank's rewards [p_r, m] (ranks may hold different numbers of groups), for
+    advantage.scale_rewards: batch; None for any other scale."""
     if how != "batch":
         return None
     from teacli.train import backend
 
     r = rewards.double()
-    moments = backend.all_reduce_mean({"m1": float(r.mean()), "m2": float((r * r).mean())})
-    return math.sqrt(max(moments["m2"] - moments["m1"] ** 2, 0.0))
+    sums = backend.all_reduce_mean({"n": float(r.numel()), "s1": float(r.sum()), "s2": float((r * r).sum())})
+    m1, m2 = sums["s1"] / sums["n"], sums["s2"] / sums["n"]
+    return math.sqrt(max(m2 - m1 * m1, 0.0))
+
+
+# metrics.jsonl values that are means over a rank's groups or sequences (rank-weighted where shares are unequal)
+GROUP_MEANS = ("reward_mean", "reward_max", "reward_std", "adv_mean", "adv_std", "adv_std_unscaled", "adv_nonzero_frac",
+               "gen_len_mean", "gen_finished_frac")
 
 
 def step_record(s: TrainSession, recipe: "Recipe", world, step: int, sel, unscaled, advantages, stats: dict[str, float],
-                times: dict[str, float], memory: dict[str, Any], scored: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+                times: dict[str, float], memory: dict[str, Any], scored: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """metrics.jsonl's line for `step` (0-based): this rank's values, and their mean over the ranks (what is written)."""
     import torch
 
@@ -303,11 +351,19 @@ def step_record(s: TrainSession, recipe: "Recipe", world, step: int, sel, unscal
         **token_counts(sel.prompt_ids, groups),  # what each phase processed (benchmarks/phases.py: the floors)
         "world_size": world.world_size,
     }
-    if scored is not None:
-        record["tokens_reward"] = s.reward.tokens_scored - scored
+    if scored is not None:  # the tokens the reward model scored this step, and those it ran (its shared prompts once)
+        now = {"tokens_reward": s.reward.tokens_scored, "tokens_reward_run": getattr(s.reward, "tokens_run", None),
+               "tokens_reward_padded": getattr(s.reward, "tokens_padded", None)}
+        record.update({k: now[k] - v for k, v in scored.items() if v is not None})
+        if "tokens_reward_padded" in record:  # the padding its batches computed beside the tokens they ran
+            record["pad_frac_reward"] = pad_share(record["tokens_reward_padded"], record["tokens_reward_run"] + record["tokens_reward_padded"])
     # The norm is global (the same on every rank), and so is whether the clip bound.
     record["grad_clipped"] = recipe.optim.max_grad_norm > 0 and stats["grad_norm"] > recipe.optim.max_grad_norm
-    local, record = record, {"step": step + 1, **backend.all_reduce_mean({k: v for k, v in record.items() if k != "step"})}
+    shared = {k: v for k, v in record.items() if k != "step"}
+    if recipe.rollout.prompts_per_step % world.world_size:  # ranks hold unequal numbers of groups: weigh their means by it
+        weight = len(groups) * world.world_size / recipe.rollout.prompts_per_step
+        shared.update({k: shared[k] * weight for k in GROUP_MEANS if k in shared})
+    local, record = record, {"step": step + 1, **backend.all_reduce_mean(shared)}
     record["prompts"] = round(record["prompts"] * world.world_size)  # all ranks together
     record["optimizer_step"], record["grad_clipped"] = round(record["optimizer_step"]), record["grad_clipped"] > 0.5
     if recipe.rehearsal.enabled:
@@ -333,6 +389,22 @@ def _setup_or_explain(recipe: "Recipe", world, is_level: str, engine_name: str) 
             f"to CPU (backend.offload_optimizer: true), or put the reward model on another device (reward.device); "
             f"`tea train RECIPE --estimate` says what fits"
         ) from None
+
+
+def _one_step_ahead(s: TrainSession, recipe: "Recipe", world, is_level: str, resume: "Start"):
+    """rollout.max_staleness 1: the rollouts made one step ahead from the sampler's copy of the policy, with a resumed
+    run's batch in flight read from its checkpoint; None on-policy."""
+    if not recipe.rollout.max_staleness:
+        return None
+    from teacli.train.offpolicy import OneStepAhead
+
+    model, rollout = s.sampler
+    ahead = OneStepAhead(model, rollout, lambda ro, k, pos: generate_step(ro, s.reward, s.train_prompts, recipe, world, k, pos),
+                         s.pad_id, recipe.rollout.batch_size, behaviour=is_level != "off",
+                         lora_module=s.engine.module if recipe.policy.lora.enabled else None)
+    if resume.checkpoint is not None and ahead.load_pending(resume.checkpoint, world.rank) is None:
+        say(world, f"{resume.checkpoint.name} keeps no batch in flight: the next batch is generated from its weights")
+    return ahead
 
 
 def _begin(s: TrainSession, recipe: "Recipe", run: RunDir, world, resume: "Start") -> tuple[int, int, dict[str, Any]]:
@@ -376,16 +448,21 @@ def _begin(s: TrainSession, recipe: "Recipe", run: RunDir, world, resume: "Start
     return start, position, memory
 
 
-def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position, progress) -> None:
+def _checkpoint_and_validate(run, engine, rollout, tokenizer, reward, val_prompts, recipe, world, step, sink, position, progress,
+                             ahead=None) -> None:
     from teacli.train import backend
 
     if recipe.validation.enabled:
+        if ahead is not None:
+            ahead.hold()  # the next batch first: both would sample from the process's one random generator
         t0 = time.perf_counter()
         result = validate_on_ranks(engine, rollout, reward, val_prompts, recipe, world, progress, f"step {step} validation")
         result["time_validation"] = time.perf_counter() - t0
     # data_position: prompts of the data order consumed so far (step × P unless dynamic sampling drew more).
     t0 = time.perf_counter()
-    save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": position})
+    # One step off-policy: the batch in flight is kept in the checkpoint (teacli/train/offpolicy.py).
+    keep = None if ahead is None else (lambda directory: ahead.save_pending(directory, world.rank))
+    save_checkpoint(run, engine, tokenizer, recipe, world, step, {"data_position": position}, keep)
     t_save = time.perf_counter() - t0
     if world.is_main:
         if recipe.validation.enabled:

@@ -97,6 +97,13 @@ class _State:
 # The trackers: metrics(step, values), validation(step, values), close(status)
 
 
+def recorded_tree(recipe) -> dict:
+    """The recipe as recipe.yaml holds it (`tea_schema` first, teacli/config/schema.py): what the trackers record."""
+    from teacli.config import SCHEMA_KEY, SCHEMA_VERSION
+
+    return {SCHEMA_KEY: SCHEMA_VERSION, **recipe.to_dict()}
+
+
 class _TensorBoard:
     name = "tensorboard"
     rewinds = True  # purge_step hides the events after the checkpoint; re-run steps are logged again
@@ -139,7 +146,7 @@ class _Wandb:
             self.run = wandb.init(
                 project=project, name=recipe.name, id=st.get("id"), resume="allow" if st.get("id") else None,
                 dir=os.environ.get("WANDB_DIR") or str(run.path),
-                config={**recipe.to_dict(), "run_dir": str(run.path.resolve())},
+                config={**recorded_tree(recipe), "run_dir": str(run.path.resolve())},
             )
         except Exception as exc:  # wandb raises its own errors (UsageError, CommError, ...) for login and network problems
             raise TrackerError(
@@ -198,7 +205,7 @@ class _Mlflow:
             self.run_id = created.info.run_id
             st.update(run_id=self.run_id, experiment_id=experiment_id, tracking_uri=uri)
             state.save()
-            params = [Param(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in flatten(recipe.to_dict()).items()]
+            params = [Param(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in flatten(recorded_tree(recipe)).items()]
             params = [Param(p.key, p.value[:MAX_PARAM_CHARS]) for p in params]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
                 self.client.log_batch(self.run_id, params=params[i : i + 100])

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from teacli.session import encode_prompts, open_tokenizer
 from teacli.train.errors import TrainError
 from teacli.train.resume import say
+from teacli.train.sharding import most_sequences
 from teacli.train.validation import validation_sequences
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ class TrainSession:
     val_prompts: list[tuple["Prompt", list[int]]]  # the fixed validation prompts
     data_report: dict[str, Any]  # what encoding dropped (data.json)
     checkpointing: Any  # backend.Checkpointing: the layers checkpointed and the memory estimate behind the choice
+    sampler: Any = None  # rollout.max_staleness 1: (the policy's copy, an hf engine on it) that samples one step ahead
 
 
 def encode_splits(tokenizer, recipe: "Recipe") -> tuple[list[tuple["Prompt", list[int]]], list[tuple["Prompt", list[int]]], dict[str, Any]]:
@@ -139,9 +141,13 @@ def setup(recipe: "Recipe", world, is_level: str, engine_name: str) -> TrainSess
         policy = apply_lora(policy, recipe.policy.lora)
 
     P, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
-    if P % world.world_size:
-        raise TrainError(f"rollout.prompts_per_step={P} must be divisible by the number of processes ({world.world_size})")
-    local_seqs = (P // world.world_size) * m
+    if P % world.world_size and recipe.rollout.dynamic_sampling:
+        raise TrainError(f"rollout.dynamic_sampling: rollout.prompts_per_step={P} must be divisible by the number of processes "
+                         f"({world.world_size}): each rank draws its equal share of every round")
+    if P < world.world_size:
+        raise TrainError(f"rollout.prompts_per_step={P} is fewer than the number of processes ({world.world_size}): every rank "
+                         f"generates at least one prompt's group")
+    local_seqs = most_sequences(P, m, world.world_size)  # any P: the step's sequences are sharded (teacli/train/sharding.py)
     grad_accum = -(-local_seqs // recipe.optim.micro_batch_size)
     trainer_bytes = backend.model_state_bytes(recipe, policy, world)  # before ZeRO-3 partitions the parameters
     # The vllm engine sizes itself from what this process will hold beside it: the trainer's states and a reward
@@ -157,5 +163,14 @@ def setup(recipe: "Recipe", world, is_level: str, engine_name: str) -> TrainSess
         sampler_logprobs=is_level != "off",  # every sampled token's log-prob only where the correction reads them
         max_sequences=max(local_seqs, validation_sequences(recipe, val_prompts, world.world_size)),  # one call's most (rollout.kv_cache_gib: auto)
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
+    sampler = None
+    if recipe.rollout.max_staleness:
+        from teacli.train.offpolicy import open_sampler
+
+        say(world, "loading the sampler's copy of the policy (rollout.max_staleness: 1: one step off-policy)")
+        sampler = open_sampler(recipe, loaded.policy, tokenizer, world.device, dtype, recipe.seed + world.rank, kernels)
+    if recipe.rehearsal.enabled:  # rehearsal.lengths: realistic: each response ends at a drawn length (teacli/standins)
+        standins.end_responses(recipe, rollout, *(sampler[1:] if sampler else ()))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TrainSession(tokenizer, pad_id, engine, reference, reward, rollout, train_prompts, val_prompts, data_report, checkpointing)
+    return TrainSession(tokenizer, pad_id, engine, reference, reward, rollout, train_prompts, val_prompts, data_report, checkpointing,
+                        sampler)

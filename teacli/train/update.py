@@ -8,7 +8,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from teacli.train.batching import micro_batches, packed_micro_batches
+from teacli.train.batching import micro_batches, packed_micro_batches, pad_share, padding
 from teacli.train.errors import TrainError
 
 if TYPE_CHECKING:
@@ -84,13 +84,20 @@ class _Timer:
         return sum(start.elapsed_time(end) for start, end in self.pieces) / 1e3
 
 
-def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device, is_level: str = "off") -> dict[str, float]:
+def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device, is_level: str = "off",
+               denominator: float | None = None) -> dict[str, float]:
     """Forward/backward over the step's sequences in exactly gradient_accumulation_steps() micro-batches
-    (length-sorted, each padded to its own longest prompt and completion), hence exactly one optimizer update.
+    (length-sorted, each padded to its own longest sequence, or with shared prompts to its longest prompt and
+    completion: `teacli.train.batching`), hence exactly one optimizer update.
 
-    Adds `grad_norm` (the global norm before clipping) and `optimizer_step` (the engine's update count).
+    Adds `grad_norm` (the global norm before clipping), `optimizer_step` (the engine's update count) and the share of
+    the tokens the micro-batches compute that is padding: `pad_frac_train`, and `pad_frac_reference` where a
+    reference runs (on the same micro-batches).
     is_level (token/sequence): weight the policy-gradient terms by the truncated ratio of the
     trainer's to the sampler's log-probs (teacli.train.importance); "off": no correction.
+    `groups` may be runs of a group's sequences (teacli.train.sharding) with `advantages` flat in their order;
+    `denominator`: what the loss divides by (default this rank's sequence count; sharded, the step's P·m / ranks, so
+    the ranks' averaged gradients are the mean over every sequence of the step).
     Nothing in the loop over micro-batches reads a value back from the device (`packed_micro_batches`): the host
     queues the next micro-batch while the device runs this one.
     """
@@ -126,7 +133,7 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
             weights, lr = importance.is_weights(logp, rollout_logp, cmask, is_level, recipe.rollout.is_cap, index=batch[-1])
             log_ratios.append(lr)
         # DeepSpeed divides by gradient_accumulation_steps; scale so the step averages over `total`.
-        loss, s = policy_loss(logp, cmask, adv, ref, recipe.kl.beta, recipe.kl.estimator, total, is_weights=weights)
+        loss, s = policy_loss(logp, cmask, adv, ref, recipe.kl.beta, recipe.kl.estimator, denominator or total, is_weights=weights)
         engine.backward(loss * (weight * n_micro))
         if k == n_micro - 1:
             grad_norm = backend.pre_step_grad_norm(engine)
@@ -146,6 +153,9 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
             f"saved and a rerun resumes from the last checkpoint; usual causes are a NaN reward or an overflow in "
             f"policy.dtype={recipe.policy.dtype} (try float32, or a lower optim.lr)")
     stats["time_ref_logprobs"] = t_ref
+    stats["pad_frac_train"] = pad_share(*padding(seq_prompt, seq_comp, batches, shared))
+    if reference is not None:
+        stats["pad_frac_reference"] = stats["pad_frac_train"]
     if is_level != "off":
         stats.update(importance.is_stats(importance.merge_log_ratios(log_ratios), recipe.rollout.is_cap))
     return stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from teacli.cli import app
@@ -26,6 +27,29 @@ def test_init_base_arm_writes_the_resolved_recipe_once(tmp_path):
     with pytest.raises(EvalError, match="--recipe: no recipe file or name 'nope'"):
         init_base_arm(tmp_path / "x", "nope")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_recipe_yaml_without_tea_schema_reads_at_the_defaults_it_ran_under(tmp_path):
+    """A run's or base arm's recipe.yaml written before tea_schema existed (version 1) lacks policy.kernels: eval-bon
+    reads it at version 1's default (what it ran under), not today's (--set still wins), and such a base arm is not the
+    recipe as it resolves now, until the recipe pins the key to what the arm had."""
+    from teacli.config import SCHEMA_KEY, schema_default
+    from teacli.eval.bon import load_run_recipe
+
+    run = tmp_path / "runs" / "quickstart-base"
+    path = init_base_arm(run, "quickstart")
+    tree = yaml.safe_load(path.read_text())
+    del tree[SCHEMA_KEY], tree["policy"]["kernels"]
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    then, now = schema_default("policy.kernels", 1), load_recipe(find_recipe("quickstart")).policy.kernels
+    assert then != now
+    assert load_run_recipe(run).policy.kernels == then
+    assert load_run_recipe(run, ["policy.kernels=liger"]).policy.kernels == "liger"
+    with pytest.raises(EvalError, match="holds another recipe than --recipe quickstart"):
+        init_base_arm(run, "quickstart")
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(f"base: quickstart\nname: quickstart\npolicy: {{kernels: {then}}}\n")
+    assert init_base_arm(run, str(pinned)) == path
 
 
 @pytest.mark.parametrize("args", [["--recipe", "quickstart"], ["--recipe", "quickstart", "--checkpoint", "step_2"]])

@@ -101,3 +101,22 @@ def test_the_micro_batch_loop_reads_nothing_back(monkeypatch, teacli_syncs):
 
     two, eight = teacli_syncs(run(8)), teacli_syncs(run(2))
     assert eight == two, f"tea's synchronizing calls with 2 micro-batches {dict(two)}, with 8 {dict(eight)}"
+
+
+def test_one_step_off_on_gpu_bf16(assets, tmp_path):
+    """rollout.max_staleness 1 on CUDA in bf16 (the background generation on its own stream, the transfer after the
+    trainer's last kernel): at an lr too small to move a weight the ratios are 1 to bf16 rounding, and every batch
+    after the first is one version behind."""
+    from tiny_lm import tea_env, tiny_recipe, write_recipe
+
+    rec = tiny_recipe(assets / "policy", assets / "data", name="gpu_off", rollout__max_new_tokens=16, rollout__max_staleness=1,
+                      optim__steps=4, optim__lr=1e-20, kl={"beta": 0.1}, backend={"zero_stage": 2, "precision": "auto"},
+                      checkpoint__save_every=2, validation={"prompts": 2, "samples": 4, "top": 2, "at_start": False})
+    path = write_recipe(tmp_path / "r.yaml", rec)
+    proc = subprocess.run([sys.executable, "-m", "teacli.cli", "train", str(path), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=tea_env(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["staleness"] for r in rows] == [0, 1, 1, 1]
+    for r in rows:
+        assert abs(r["is_ratio_mean"] - 1) < 0.02 and r["is_truncated_frac"] < 0.01, r  # bf16: the trainer's packing differs

@@ -13,10 +13,11 @@ sys.modules.setdefault("deepspeed", None)
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from teacli.cli import app
-from teacli.config import Recipe, to_yaml
+from teacli.config import SCHEMA_KEY, SCHEMA_VERSION, Recipe, schema_default, to_yaml
 from teacli.eval.stats import seed_prompt_bootstrap
 
 SPLIT, M = "heldout", 4
@@ -172,6 +173,72 @@ def test_seeds_pool_across_versions_that_write_a_new_key_at_its_default(study, t
     res = report(*runs, "--baseline", "g", "--out", tmp_path / "r2", "--endpoints", "2,4")
     assert res.exit_code == 0, res.output
     assert list(by_method(tmp_path / "r2" / "frontier.csv")) == ["g", "t-s0", "t-s1"]
+
+
+def as_version_1(path: Path, *missing: str) -> None:
+    """Rewrite a run's recipe.yaml as tea wrote it before tea_schema was recorded: no `tea_schema` (version 1), without
+    the dotted keys `missing` (added since)."""
+    tree = yaml.safe_load(path.read_text())
+    assert tree.pop(SCHEMA_KEY) == SCHEMA_VERSION
+    for key in missing:
+        section, leaf = key.split(".")
+        del tree[section][leaf]
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+
+
+def pin(path: Path, **values) -> None:
+    """Set keys ("section__key": value) in a run's recipe.yaml."""
+    tree = yaml.safe_load(path.read_text())
+    for key, value in values.items():
+        section, leaf = key.split("__")
+        tree[section][leaf] = value
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+
+
+def test_seeds_of_two_schema_versions_pool_when_their_missing_keys_ran_alike(study, tmp_path):
+    """t-s1 recorded before tea_schema existed (version 1) lacks keys added since: each counts at its default at version 1
+    (schema_default), not today's. Where that equals what t-s0 recorded under this version, one method."""
+    runs, base = study
+    s0, s1 = runs[2] / "recipe.yaml", runs[3] / "recipe.yaml"
+    keys = ("policy.kernels", "rollout.stop_tokens", "advantage.scale_rewards")
+    then = {k.replace(".", "__"): schema_default(k, 1) for k in keys}
+    pin(s0, **then)  # t-s0 written since, the keys set to what version 1 ran: t-s1's recipe as it ran
+    as_version_1(s1, *keys)
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r", "--endpoints", "2,4")
+    assert res.exit_code == 0, res.output
+    assert list(by_method(tmp_path / "r" / "frontier.csv")) == ["g", "t"]
+
+
+def test_seeds_split_by_a_changed_default_are_refused_naming_the_key(study, tmp_path):
+    """t-s1 recorded before policy.kernels existed (version 1: it ran without fused kernels) and t-s0 under this version
+    at the key's default now: they ran differently, so the report refuses them as one method and says where. Filled in
+    at today's default instead, they pooled silently."""
+    runs, base = study
+    old, now = schema_default("policy.kernels", 1), schema_default("policy.kernels", SCHEMA_VERSION)
+    assert old != now == Recipe().policy.kernels
+    as_version_1(runs[3] / "recipe.yaml", "policy.kernels")
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r")
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    error = " ".join(res.stderr.split())
+    assert f"runs {runs[2]} (seed 0) and {runs[3]} (seed 1) are seeds of recipe t written under tea_schema {SCHEMA_VERSION} and 1" in error
+    assert f"policy.kernels {now!r} in {runs[2]}, {old!r} in {runs[3]}" in error
+    assert not (tmp_path / "r").exists()
+    # another key that differs too makes them two recipes, as before: two methods, no error
+    pin(runs[3] / "recipe.yaml", rollout__group_size=8)
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r2")
+    assert res.exit_code == 0, res.output
+    assert list(by_method(tmp_path / "r2" / "frontier.csv")) == ["g", "t-s0", "t-s1"]
+
+
+def test_a_recipe_yaml_of_a_newer_schema_is_refused_naming_it(study, tmp_path):
+    runs, base = study
+    tree = yaml.safe_load((runs[3] / "recipe.yaml").read_text())
+    tree[SCHEMA_KEY] = SCHEMA_VERSION + 1
+    (runs[3] / "recipe.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    res = report(*runs, "--out", tmp_path / "r")
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert (f"{runs[3] / 'recipe.yaml'}: tea_schema: {SCHEMA_VERSION + 1} was written by a newer tea (this one reads versions "
+            f"1 to {SCHEMA_VERSION}); upgrade teacli") in " ".join(res.stderr.split())
 
 
 def test_prompts_level_keeps_the_seed_averaged_prompt_bootstrap(study, tmp_path):

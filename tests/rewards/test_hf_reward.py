@@ -86,10 +86,27 @@ def test_every_batch_is_packed_before_the_first_forward():
     assert scores.tolist() == [30.0, 10.0, 40.0, 10.0, 50.0] and scores.dtype == torch.float32
 
 
+def test_batches_compute_the_fewest_tokens_and_none_more_than_the_longest_rows():
+    """As many batches as batch_size rows make, cut where they compute the fewest tokens (rows × longest) with none
+    above batch_size of the longest rows (3·10 = 30): lengths 10, 10, 1, 1, 1, 1 in batches of 3 are [10, 10] +
+    [1, 1, 1, 1] (2·10 + 4·1 = 24 tokens, no padding), not [10, 10, 1] + [1, 1, 1] (30 + 3 = 33, 9 of them padding);
+    the batch of short rows holds more than batch_size of them."""
+    sizes = []
+
+    def pack(batch):
+        sizes.append([len(ids) for ids in batch])
+        return (torch.tensor([float(len(ids)) for ids in batch]),)
+
+    scores = score_by_length(torch.nn.Linear(1, 1), [[7] * n for n in (1, 10, 1, 1, 10, 1)], 3, pack, lambda x: x)
+    assert sizes == [[10, 10], [1, 1, 1, 1]] and scores.tolist() == [1.0, 10.0, 1.0, 1.0, 10.0, 1.0]
+
+
 def test_a_decoder_pooled_by_tea_scores_without_the_attention_mask(rm, monkeypatch):
     """The right-padded batch of a decoder tea pools itself runs without a mask (causal attention: no real token sees the
-    padding after it), and its scores are still the unbatched ones (test_scores_equal_unbatched_scores)."""
+    padding after it), and its scores are still the unbatched ones (test_scores_equal_unbatched_scores). Whole
+    conversations: the shared prompts' path needs its mask for the prefixes' padding (test_hf_shared.py)."""
     assert rm._own_pooling
+    monkeypatch.setattr(rm, "share_prompts", False)
     seen = []
     real = rm.model.base_model.forward
 
@@ -106,9 +123,11 @@ def test_a_decoder_pooled_by_tea_scores_without_the_attention_mask(rm, monkeypat
 @pytest.mark.parametrize("own_pooling", [True, False])
 def test_scoring_keeps_no_kv_cache_even_where_the_config_asks_for_one(rm, monkeypatch, own_pooling):
     """Skywork's reward model's config says use_cache: true; scoring must not build a cache (it holds every layer's
-    keys and values for the whole forward, and makes a compiled forward recompile)."""
+    keys and values for the whole forward, and makes a compiled forward recompile). Whole conversations: keeping a group's
+    prefix is the point of the shared prompts' path (test_hf_shared.py)."""
     from transformers import cache_utils
 
+    monkeypatch.setattr(rm, "share_prompts", False)
     def no_cache(*args, **kwargs):
         raise AssertionError("the reward forward built a KV cache")
 

@@ -82,6 +82,7 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # a whole training run or two: the slow stage (README's command stays within its budget)
 def test_train_and_eval_against_a_served_reward_equal_the_local_reward(assets, tmp_path):
     server = Server(tmp_path, "rewards_for_tests:length_reward")
     try:

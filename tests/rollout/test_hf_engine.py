@@ -488,6 +488,48 @@ def test_the_decode_loop_stops_once_every_row_has_ended(model, tok, prompts):
     assert all(c.finished for row in got for c in row)
 
 
+@pytest.mark.parametrize("batch_size,kv_cache", [(12, "dynamic"), (5, "static")])
+def test_drawn_response_lengths_end_each_row_there_and_the_loop_with_the_longest(model, tok, prompts, batch_size, kv_cache):
+    """A rehearsal's `response_lengths` (rehearsal.lengths: realistic): row r of a call ends with EOS as its
+    lengths[r]-th token even where the policy favours EOS earlier (the LM head is biased to it), a length past
+    max_new_tokens is cut there without EOS, the lengths are drawn from the call's seed, and the decode loop stops
+    once every row has ended (batches of 12 and, across batch boundaries, of 5 rows)."""
+    from teacli.rollout.hf import STOP_CHECK_EVERY
+
+    lengths = [3, 1, 5, 7, 2, 40, 4, 6, 1, 2, 3, 9]  # 3 prompts x 4 samples, prompt-major; 40 > max_new_tokens
+    asked, calls = [], []
+    engine = HFEngine(model, tok, batch_size=batch_size, kv_cache=kv_cache)
+    engine.response_lengths = lambda seed, rows: asked.append((seed, rows)) or lengths[:rows]
+
+    def eos_favoured(_module, _inputs, out):
+        calls.append(out.shape)
+        out = out.clone()
+        out[..., tok.eos_token_id] += 5.0
+        return out
+
+    handle = model.lm_head.register_forward_hook(eos_favoured)
+    try:
+        out = engine.generate(prompts, n=4, sampling=sample(max_new_tokens=16), seed=7)
+    finally:
+        handle.remove()
+    assert asked == [(7, 12)]
+    flat = [c for row in out for c in row]
+    assert [len(c.token_ids) for c in flat] == [min(n, 16) for n in lengths]
+    for c, n in zip(flat, lengths):
+        assert c.finished == (n <= 16) and (c.token_ids[-1] == tok.eos_token_id) == (n <= 16)
+        assert tok.eos_token_id not in c.token_ids[:-1]
+    if batch_size == 12:  # every row ends by its 9th token: the loop stops at its first check, not after 64 tokens
+        lengths[5], calls[:] = 9, []
+        handle = model.lm_head.register_forward_hook(eos_favoured)
+        try:
+            engine.generate(prompts, n=4, sampling=sample(max_new_tokens=64), seed=7)
+        finally:
+            handle.remove()
+        assert len(calls) == STOP_CHECK_EVERY  # the prefill and the decode steps up to the first check
+    engine.response_lengths = None  # off: the policy's own EOS (favoured) ends rows wherever it is drawn
+    assert ids_of(engine.generate(prompts, n=4, sampling=sample(max_new_tokens=16), seed=7)) != ids_of(out)
+
+
 @pytest.mark.slow
 def test_the_compiled_decode_loop_generates_the_eager_tokens(model, tok, prompts):
     """rollout.compile on the CPU (inductor without CUDA graphs; on CUDA: tests/gpu/test_gpu_speed.py): the

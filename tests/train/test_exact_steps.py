@@ -36,6 +36,37 @@ def test_micro_batches_are_exactly_n_sorted_and_even():
     groups = [1, 0, 1, 0, 0, 1, 2]
     batches = micro_batches(lengths, 3, groups)
     assert [i for b in batches for i in b] == [1, 3, 4, 5, 2, 0, 6] and [len(b) for b in batches] == [3, 2, 2]
+    # Without groups the cut computes the fewest tokens (rows × longest) that no batch of the even cut exceeds: four
+    # short sequences and two long ones in two micro-batches are [4 short] + [2 long] (4·1 + 2·10 = 24 tokens, the
+    # even cut's largest batch alone is 3·10 = 30), with groups the even cut stays.
+    assert micro_batches([10, 1, 1, 10, 1, 1], 2) == [[1, 2, 4, 5], [0, 3]]
+    assert [len(b) for b in micro_batches([10, 1, 1, 10, 1, 1], 2, [0, 0, 0, 1, 1, 1])] == [3, 3]
+
+
+def test_padding_is_the_share_of_the_packed_tokens():
+    """Two sequences of 3 and 5 tokens packed whole (pack_tight) compute 2 × 5 = 10 tokens of which 2 are padding;
+    sharing their 2-token prompt (pack_shared), 1 × 2 prompt + 2 × 3 completion = 8 tokens, 2 of them padding. An
+    empty micro-batch's zero-weight pass over the first sequence counts as computed."""
+    import torch
+
+    from teacli.train.batching import pack_shared, pack_tight, pad_share, padding
+
+    prompts, comps = [[7, 8], [7, 8]], [[5], [5, 6, 9]]
+    assert padding(prompts, comps, [[0, 1]], shared=False) == (2, 10) and pad_share(2, 10) == 0.2
+    ids, attn, cmask, lp = pack_tight(prompts, comps, 0, "cpu")
+    assert ids.numel() == 10 and int((attn == 0).sum()) == 2
+    assert ids.tolist() == [[0, 0, 7, 8, 5], [7, 8, 5, 6, 9]] and lp == 2 and cmask.tolist() == [[0, 0, 1], [1, 1, 1]]
+    assert padding(prompts, comps, [[0, 1]], shared=True) == (2, 8)
+    p_ids, p_mask, row_of, c_ids, c_mask = pack_shared(prompts, comps, 0, "cpu")
+    assert p_ids.numel() + c_ids.numel() == 8 and int((p_mask == 0).sum() + (c_mask == 0).sum()) == 2
+    assert padding(prompts, comps, [[0, 1], []], shared=False) == (2, 13)  # + the empty batch's pass over [7, 8, 5]
+    assert pad_share(0, 0) == 0.0
+    # the sampler's log-probs line up with pack_tight's right-aligned completions
+    from teacli.train.batching import packed_micro_batches
+
+    (_, batch, _, rollout), = packed_micro_batches(prompts, comps, torch.zeros(2), [[0, 1]], False, 0, "cpu",
+                                                  [[-1.0], [-2.0, -3.0, -4.0]])
+    assert rollout.tolist() == [[0.0, 0.0, -1.0], [-2.0, -3.0, -4.0]] and torch.equal(rollout != 0, batch[2].bool())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,12 +172,12 @@ def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, shar
 
 
 def test_every_micro_batch_reaches_the_device_before_the_first_forward():
-    """packed_micro_batches: each micro-batch as pack / pack_shared builds it, its completion positions, its
+    """packed_micro_batches: each micro-batch as pack_tight / pack_shared builds it, its completion positions, its
     advantages and the sampler's log-probs (where the importance correction reads them), all on the device (the meta
     device stands in for a GPU here); an empty micro-batch is a zero-weight pass over the first one's first sequence."""
     import torch
 
-    from teacli.train.batching import pack, pack_shared, packed_micro_batches
+    from teacli.train.batching import pack_shared, pack_tight, packed_micro_batches
 
     prompt_ids, groups = make_batch(2, 3, seed=1, vocab=50, eos=2)
     seq_prompt = [prompt_ids[p] for p, g in enumerate(groups) for _ in g]
@@ -154,7 +185,7 @@ def test_every_micro_batch_reaches_the_device_before_the_first_forward():
     adv = torch.arange(6, dtype=torch.float32)
     batches = [[0, 1, 2], [3, 4, 5], []]
     sampler = [[-0.5] * len(c) for c in seq_comp]
-    for shared, packer in ((False, pack), (True, pack_shared)):
+    for shared, packer in ((False, pack_tight), (True, pack_shared)):
         out = packed_micro_batches(seq_prompt, seq_comp, adv, batches, shared, 0, torch.device("meta"), sampler)
         assert [w for w, *_ in out] == [1.0, 1.0, 0.0]
         assert all(r is None for *_, r in packed_micro_batches(seq_prompt, seq_comp, adv, batches, shared, 0, torch.device("meta")))

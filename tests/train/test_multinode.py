@@ -35,6 +35,7 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # a whole training run or two: the slow stage (README's command stays within its budget)
 def test_two_nodes_train_two_zero2_steps_and_agree(assets, tmp_path):
     rec = write_recipe(tmp_path / "recipe.yaml", tiny_recipe(
         assets / "policy", assets / "data", optim__steps=2, checkpoint__save_every=2, backend__zero_stage=2,

@@ -3,7 +3,8 @@ validation row, written once its checkpoint was committed, or an evaluation of a
 were removed outside tea (e.g. to free disk after evaluating), and training again would overwrite its metrics
 and selection and leave its evaluations describing another training, so it is refused. A run stopped
 part-way (a kill before a checkpoint was committed) resumes from its last checkpoint as always. The rule is
-read-only (`resume.check_run_dir`); the CLI's one line and the untouched directory are checked end to end."""
+read-only (`resume.check_run_dir`); the CLI's one line and the untouched directory are checked end to end. Also: a
+run recorded before tea_schema existed resumes at the defaults it ran under, and what the start writes carries it."""
 
 from __future__ import annotations
 
@@ -170,3 +171,28 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_and_said(recipe, tmp_path
     notes = commit_run_dir(run, recipe, start, {"train": {}, "validation": {}})
     assert notes == [f"{run.metrics}: dropped its last line, cut short (22 characters with no newline: a write stopped by a kill)"]
     assert [json.loads(x)["step"] for x in run.metrics.read_text().splitlines()] == [1, 2]
+
+
+def test_a_run_recorded_before_tea_schema_resumes_at_what_it_ran_and_is_written_with_its_version(recipe, tmp_path):
+    """A recipe.yaml without tea_schema (version 1) that lacks policy.kernels ran without fused kernels: resumed under
+    today's default, the key is a change (an execution key: taken and recorded), not equal as when missing keys took
+    today's defaults; a key added since at what runs had before (rollout.stop_tokens) is no change. The recipe.yaml
+    the start writes carries this version."""
+    import yaml
+
+    from teacli.config import SCHEMA_KEY, SCHEMA_VERSION, schema_default
+    from teacli.train.resume import commit_run_dir
+
+    run = run_dir(tmp_path, recipe, 2, [2], [2])
+    tree = yaml.safe_load(run.recipe.read_text())
+    assert tree.pop(SCHEMA_KEY) == SCHEMA_VERSION
+    del tree["policy"]["kernels"], tree["rollout"]["stop_tokens"]
+    run.recipe.write_text(yaml.safe_dump(tree, sort_keys=False))
+    then, now = schema_default("policy.kernels", 1), recipe.policy.kernels
+    assert then != now
+    start = check_run_dir(run, recipe)
+    assert start.restart and start.step == 2 and start.changed == {"policy.kernels": (then, now)}
+    commit_run_dir(run, recipe, start, {"train": {}, "validation": {}})
+    written = yaml.safe_load(run.recipe.read_text())
+    assert written[SCHEMA_KEY] == SCHEMA_VERSION and written["policy"]["kernels"] == now
+    assert json.loads(run.resumes.read_text())["changed"] == {"policy.kernels": {"before": then, "now": now}}

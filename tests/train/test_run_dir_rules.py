@@ -112,6 +112,7 @@ def test_other_ranks_stop_with_rank_zero_when_the_directory_is_locked(assets, tm
     assert sorted(p.name for p in run.iterdir()) == [".train.lock"]  # the test's own: nothing written
 
 
+@pytest.mark.slow  # a whole training run or two: the slow stage (README's command stays within its budget)
 def test_resume_refuses_data_prepared_again(assets, tmp_path):
     from teacli.data.prepare import prepare
 

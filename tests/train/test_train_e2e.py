@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from teacli.config import SCHEMA_KEY, SCHEMA_VERSION
+
 TESTS = Path(__file__).resolve().parent.parent
 
 
@@ -97,8 +99,11 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in ("reward_mean", "reward_max", "reward_std", "adv_std", "kl", "kl_loss", "loss", "grad_norm", "grad_clipped",
                 "prompts", "optimizer_step", "gen_len_mean",
-                "time_generate", "time_reward", "time_ref_logprobs", "time_train", "tokens_per_s"):
+                "time_generate", "time_reward", "time_ref_logprobs", "time_train", "tokens_per_s", "pad_frac_train",
+                "pad_frac_reference"):
         assert key in rows[0], key
+    assert all(0 <= r["pad_frac_train"] == r["pad_frac_reference"] < 1 for r in rows)  # the reference runs the same batches
+    assert "pad_frac_reward" not in rows[0]  # a python reward computes no tokens
     assert all(r["grad_norm"] > 0 for r in rows)
     assert rows[-1]["kl_loss"] > 0  # the policy moved away from the reference (k2: ½ d², not a signed sample mean)
     assert all(r["prompts"] == 2 and r["optimizer_step"] == r["step"] for r in rows)
@@ -109,7 +114,10 @@ def test_train_writes_a_complete_run_directory(assets, tmp_path):
     selected = json.loads((run / "selected.json").read_text())
     best = max(val[1:], key=lambda v: (v["score"], -v["step"]))  # only saved checkpoints are selectable
     assert selected["step"] == best["step"] and (run / selected["path"]).is_dir()
-    assert yaml.safe_load((run / "recipe.yaml").read_text())["advantage"]["name"] == "grpo"
+    recorded = yaml.safe_load((run / "recipe.yaml").read_text())
+    assert recorded["advantage"]["name"] == "grpo"
+    assert next(iter(recorded)) == SCHEMA_KEY and recorded[SCHEMA_KEY] == SCHEMA_VERSION  # what a later tea reads it by
+    assert yaml.safe_load((run / "checkpoints" / "step_000004" / "recipe.yaml").read_text()) == recorded
 
     # HF-format checkpoint: from_pretrained loads it, and training changed the parameters.
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -270,6 +278,8 @@ def test_dotted_path_advantage_and_hf_reward_model(assets, tmp_path):
     tea_train(rec, run, tmp_path)
     row = metrics(run)[0]
     assert row["adv_nonzero_frac"] > 0.5 and row["adv_max"] == pytest.approx(0.5 * 3.5)  # ranks 0..7 centred, scaled
+    padded = row["tokens_reward_padded"]  # what the reward model's batches ran beyond the tokens they scored
+    assert 0 < row["pad_frac_reward"] < 1 and row["pad_frac_reward"] == pytest.approx(padded / (padded + row["tokens_reward_run"]))
 
 
 def test_bad_input_is_a_clear_error_and_keeps_the_run(assets, two_steps, tmp_path):
