@@ -150,10 +150,7 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             t_step = time.perf_counter()
             backend.peak_memory_gib(world.device)  # CUDA: count this step's peaks from here
             # a reward model counts the tokens it scores (off-policy it also scores the next batch meanwhile)
-            scored = None
-            if ahead is None and hasattr(s.reward, "tokens_scored"):
-                scored = {"tokens_reward": s.reward.tokens_scored, "tokens_reward_run": getattr(s.reward, "tokens_run", None),
-                          "tokens_reward_padded": getattr(s.reward, "tokens_padded", None)}
+            scored = reward_counts(s.reward) if ahead is None else None
 
             # 1. Rollouts: this rank's share of the P prompts × m samples, scored.               rewards [P/W, m]
             #    On-policy from the weights this step updates; one step off (rollout.max_staleness 1), the batch made
@@ -316,6 +313,15 @@ def batch_reward_std(rewards: "torch.Tensor", how: str) -> float | None:
     return math.sqrt(max(m2 - m1 * m1, 0.0))
 
 
+def reward_counts(reward) -> dict[str, int | None] | None:
+    """What a reward model has counted so far (tokens scored, run, and padded in its batches; None for a count it does
+    not keep); None for a reward that counts nothing. A step's record takes the difference of two of these."""
+    if not hasattr(reward, "tokens_scored"):
+        return None
+    return {"tokens_reward": reward.tokens_scored, "tokens_reward_run": getattr(reward, "tokens_run", None),
+            "tokens_reward_padded": getattr(reward, "tokens_padded", None)}
+
+
 # metrics.jsonl values that are means over a rank's groups or sequences (rank-weighted where shares are unequal)
 GROUP_MEANS = ("reward_mean", "reward_max", "reward_std", "adv_mean", "adv_std", "adv_std_unscaled", "adv_nonzero_frac",
                "gen_len_mean", "gen_finished_frac")
@@ -352,8 +358,7 @@ def step_record(s: TrainSession, recipe: "Recipe", world, step: int, sel, unscal
         "world_size": world.world_size,
     }
     if scored is not None:  # the tokens the reward model scored this step, and those it ran (its shared prompts once)
-        now = {"tokens_reward": s.reward.tokens_scored, "tokens_reward_run": getattr(s.reward, "tokens_run", None),
-               "tokens_reward_padded": getattr(s.reward, "tokens_padded", None)}
+        now = reward_counts(s.reward)
         record.update({k: now[k] - v for k, v in scored.items() if v is not None})
         if "tokens_reward_padded" in record:  # the padding its batches computed beside the tokens they ran
             record["pad_frac_reward"] = pad_share(record["tokens_reward_padded"], record["tokens_reward_run"] + record["tokens_reward_padded"])

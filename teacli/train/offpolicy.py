@@ -196,10 +196,6 @@ class OneStepAhead:
         self.kept = Batch(state["sel"], state["position"], state["version"], state["times"])
         return state["position"]
 
-    @property
-    def in_flight(self) -> Batch | None:
-        return self.kept
-
     def close(self) -> None:
         """Stop: a batch still in flight is left to finish on its own (a stopped run does not wait for it)."""
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -9,7 +9,7 @@ loss is divided by P·m/W, so the ranks' gradients, averaged by the data-paralle
 P·m sequences, exactly as one rank with all of them would compute (tests/train/test_sharding.py).
 
 Where W divides P nothing is gathered and nothing moves: each rank trains on its own P/W groups, as before.
-Imports only the standard library; torch inside the functions.
+Imports teacli.padding's even cut; torch inside the functions.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 def shares(total: int, ranks: int) -> list[tuple[int, int]]:
     """(start, count) of each rank's contiguous share of `total` items: count total // ranks, one more for the first
     total % ranks ranks."""
-    base, extra = divmod(total, ranks)
+    from teacli.padding import even_sizes
+
     out, start = [], 0
-    for r in range(ranks):
-        count = base + (r < extra)
+    for count in even_sizes(total, ranks):
         out.append((start, count))
         start += count
     return out
