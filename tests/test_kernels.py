@@ -208,3 +208,32 @@ def test_recipe_checks_of_policy_kernels(tmp_path):
     with pytest.raises(RecipeError, match=r"^policy.kernels: compile is not supported with backend.zero_stage 3"):
         load_recipe(path, ["policy.kernels=compile", "backend.zero_stage=3"])
     assert "policy.kernels" in EXECUTION_KEYS  # the same values, computed otherwise: a resume may change it
+
+
+def test_a_generation_in_another_thread_leaves_this_threads_fused_kernels_on():
+    """One step off-policy generates in a background thread while the trainer's forward runs in the main one: the
+    switch to the eager functions (`kernels.generating`) holds only in the generating thread."""
+    import threading
+
+    from teacli import kernels
+
+    pick = kernels._outside_generation(lambda: "fused", lambda: "eager")
+    inside, release, seen = threading.Event(), threading.Event(), []
+
+    def generate():
+        with kernels.generating():
+            seen.append(pick())
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    assert inside.wait(10)
+    try:
+        assert pick() == "fused"  # the trainer's thread, while the other generates
+    finally:
+        release.set()
+        thread.join()
+    assert seen == ["eager"]
+    with kernels.generating():
+        assert pick() == "eager"
