@@ -1,11 +1,14 @@
 """tea's training step against TRL's GRPOTrainer on the same workload, one after the other, in one invocation.
 
-    # one GPU (the issue's workload): Llama-3.2-1B shape, random init, bf16
+    # one GPU (issue 12's workload, --shape small-gpu): Llama-3.2-1B shape, random init, bf16
     python benchmarks/vs_trl.py --json vs_trl.json
-    # CPU smoke run: tiny model and shapes
+    # one GPU, the paper's step (issue 45): uf_llama1b_tea's shapes, its 8B-shaped reward model on both sides
+    python benchmarks/vs_trl.py --shape paper --json vs_trl_paper.json
+    # CPU smoke runs: tiny models and shapes of the same structure
     python benchmarks/vs_trl.py --small
+    python benchmarks/vs_trl.py --small --shape paper
 
-Workload (issue 12): 4 prompts of 128 random tokens x m = 64 completions x 256 new tokens per step,
+Workload (--shape small-gpu, the default; issue 12): 4 prompts of 128 random tokens x m = 64 completions x 256 new tokens per step,
 beta = 0.1 (per-token k3 KL to a frozen reference: kl.estimator grpo_k3, as TRL), temperature 1, no top-p/top-k, no vLLM: both generate with
 transformers on the training GPU. The model is random-initialised from Llama-3.2-1B's shape (hidden
 2048, 16 layers, 32/8 heads, vocabulary 128,256, tied embeddings); a random model almost never emits
@@ -37,6 +40,32 @@ Each side then runs in its own child process, one after the other (vLLM keeps it
 globals; TRL's colocated engine reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, which the child gets).
 tea's step then includes the push after the update (`sync_s`: waking the weights, pushing them,
 re-scoring tokens for the sync check happens inside the next generation).
+
+--shape paper (issue 45) is the paper's step as `tea train uf_llama1b_tea --rehearse` takes it
+(recipes/uf_llama1b_tea.yaml and its bases, read when the script starts): rollout.prompts_per_step 8 prompts x
+rollout.group_size m = 64 completions x rollout.max_new_tokens 512 new tokens, prompts of rehearsal.prompt_tokens
+256 tokens after the chat template (the rehearsal's; data.max_prompt_tokens 1024 is the trainer's cap, and
+`--prompt-len 1024` runs prompts at it), optim.micro_batch_size 32 on both sides, rollout.batch_size 512 sequences a
+generate call, every layer checkpointed (policy.gradient_checkpointing: true), beta 0.1 with kl.estimator grpo_k3 as
+above (the recipe's k2 is another element-wise function of the same log-probs). Both sides get the rehearsal's
+stand-ins (`teacli.standins`): the policy of Llama-3.2-1B-Instruct's shipped config, the word-level stand-in
+tokenizer and its chat template, the same stand-in prompts in the same order, and as the reward model a sequence
+classifier of Skywork-Reward-V2-Llama-3.1-8B's config (8B, one label), random weights (the same on both sides:
+`teacli.models.random_model` seeds them), bf16 on CUDA. A random policy almost never emits EOS, so every completion
+has 512 tokens.
+
+  * tea: `teacli.train.setup.setup` builds the session as `tea train` does (the recipe's policy.kernels,
+    reward.kernels and reward.share_prompts: each group's prompt scored once), then each step runs
+    `teacli.session.generate_and_score` (reward.batch_size 32 conversations a forward, by length), the recipe's
+    TEA advantages (alpha 0.25, N_target 128), `train_step` and the push.
+  * TRL: the classifier as `reward_funcs` (a PreTrainedModel) with the stand-in tokenizer as
+    `reward_processing_classes`: TRL renders each conversation with that tokenizer's chat template and scores a
+    generation batch's 512 conversations in one forward. `reward s` in its row is the time of those forwards
+    (hooks on the model, synchronised).
+
+Each side runs in a child process there too, so that the one that runs second finds the GPU as empty as the first
+did. `--small --shape paper` is the same on toy configs of the two models (TINY_POLICY, TINY_REWARD) with 2 prompts
+x m = 8 x 8 new tokens, 16-token prompts, micro-batches of 4 and reward batches of 4.
 
 Each side runs --steps measured steps after one warm-up step (compilation happens there); the table
 gives medians. MFU = 6 N tokens / time / 989e12 (H100 SXM and H200 dense bf16) over tea's backward+step phase,
@@ -98,6 +127,91 @@ def llama_config(small: bool):
     config = LlamaConfig(**shapes(small), max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=500000.0)
     config._attn_implementation = "sdpa"
     return config
+
+
+# --shape small-gpu (issue 12's workload) and its --small version; --shape paper reads its values from PAPER_RECIPE.
+WORKLOADS = {
+    "small-gpu": dict(prompts=4, prompt_len=128, group_size=64, new_tokens=256, beta=0.1, gen_batch=256, tea_micro_batch=64,
+                      trl_micro_batch=16, tea_grad_ckpt="auto"),
+    "paper": None,
+}
+SMALL = {
+    "small-gpu": dict(prompts=2, prompt_len=16, group_size=8, new_tokens=8, gen_batch=16, tea_micro_batch=8, trl_micro_batch=8),
+    # the paper's structure at toy sizes: several micro-batches and reward batches a step
+    "paper": dict(prompts=2, prompt_len=16, group_size=8, new_tokens=8, gen_batch=16, tea_micro_batch=4, trl_micro_batch=4,
+                  reward_batch=4),
+}
+PAPER_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "uf_llama1b_tea.yaml"
+# --small --shape paper: the shipped configs of the recipe's two models at toy sizes (`tiny_config`); the reward
+# classifier is larger than the policy, as the 8B is than the 1B
+TINY_POLICY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+TINY_REWARD = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+
+
+def workload(shape: str, small: bool) -> dict:
+    """The flags' values for `shape` (a flag given on the command line keeps its own). paper: uf_llama1b_tea's step
+    as its rehearsal runs it: rollout.prompts_per_step x rollout.group_size sequences of rehearsal.prompt_tokens
+    prompt tokens (data.max_prompt_tokens stays the cap the trainer's memory rule reads) and rollout.max_new_tokens,
+    rollout.batch_size sequences a generate call, optim.micro_batch_size on both sides, kl.beta,
+    policy.gradient_checkpointing and reward.batch_size."""
+    values = WORKLOADS[shape]
+    if values is None:
+        from teacli.config import load_recipe
+
+        r = load_recipe(PAPER_RECIPE)
+        values = dict(prompts=r.rollout.prompts_per_step, prompt_len=r.rehearsal.prompt_tokens, group_size=r.rollout.group_size,
+                      new_tokens=r.rollout.max_new_tokens, beta=r.kl.beta, gen_batch=r.rollout.batch_size,
+                      tea_micro_batch=r.optim.micro_batch_size, trl_micro_batch=r.optim.micro_batch_size,
+                      tea_grad_ckpt=r.policy.gradient_checkpointing, reward_batch=r.reward.batch_size)
+    return {**values, **(SMALL[shape] if small else {})}
+
+
+def tiny_config(config: dict, sizes: dict) -> dict:
+    """A shipped model config (teacli/standins) at the toy `sizes`, everything else kept (architecture, rope scaling,
+    tied embeddings, labels): its special token ids keep their distance from the top of the vocabulary."""
+    old, new = config["vocab_size"], sizes["vocab_size"]
+
+    def move(ids):
+        return [move(i) for i in ids] if isinstance(ids, list) else new - (old - ids)
+
+    out = {**config, **sizes, "head_dim": sizes["hidden_size"] // sizes["num_attention_heads"]}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if config.get(key) is not None:
+            out[key] = move(config[key])
+    return out
+
+
+def paper_recipe(args):
+    """PAPER_RECIPE with this invocation's flags, as a rehearsal (`rehearsal.enabled`: stand-ins of its models and
+    data, random weights of the models' shapes; `teacli.standins`). With --small, its two models are toy configs of
+    the same architectures, written once under $TEA_CACHE/benchmarks/vs_trl/."""
+    import json
+
+    from teacli.cache import cache_dir
+    from teacli.config import load_recipe
+    from teacli.standins import known_models
+
+    recipe = load_recipe(PAPER_RECIPE)
+    if args.small:
+        for section, sizes in ((recipe.policy, TINY_POLICY), (recipe.reward, TINY_REWARD)):
+            config = tiny_config(json.loads(known_models()[section.name_or_path].read_text()), sizes)
+            out = cache_dir() / "benchmarks" / "vs_trl" / f"tiny-{Path(section.name_or_path).name}"
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+            section.name_or_path = str(out)
+    recipe.rehearsal.enabled, recipe.rehearsal.prompt_tokens = True, args.prompt_len
+    recipe.rehearsal.eval_prompts = 1  # no held-out split is read here
+    recipe.validation.enabled = False
+    r = recipe.rollout
+    r.prompts_per_step, r.group_size, r.max_new_tokens, r.batch_size = args.prompts, args.group_size, args.new_tokens, args.gen_batch
+    r.engine = args.engine
+    if args.engine == "vllm":
+        r.vllm_kwargs, r.kv_cache_gib = args.vllm_kwargs, args.tea_kv_cache_gib or r.kv_cache_gib
+    recipe.reward.batch_size = args.reward_batch
+    recipe.kl.beta, recipe.kl.estimator = args.beta, "grpo_k3"  # TRL's per-token k3, so both sides compute the same loss
+    recipe.optim.micro_batch_size, recipe.optim.share_prompts = args.tea_micro_batch, args.tea_share_prompts == "on"
+    recipe.policy.gradient_checkpointing, recipe.policy.kernels = args.tea_grad_ckpt, args.tea_kernels
+    return recipe
 
 
 def reward_of(text: str) -> float:
@@ -234,6 +348,80 @@ def run_tea(args, device) -> dict:
     return {"rows": rows, "settings": settings}
 
 
+def run_tea_paper(args, device) -> dict:
+    """--shape paper: tea's step as `tea train uf_llama1b_tea --rehearse` takes it, from the session the trainer sets up
+    (`teacli.train.setup`: the stand-in policy, reference and 8B-shaped reward model, the hf or vllm engine), the
+    step's prompts from its stand-in data stream; generation and scoring, the recipe's advantages, train_step, the push."""
+    import torch
+
+    from teacli.advantages import compute_advantages
+    from teacli.kernels import resolve_kernels
+    from teacli.logprobs import resolved_kind
+    from teacli.session import generate_and_score
+    from teacli.train import backend
+    from teacli.train.batching import stream_prompts
+    from teacli.train.setup import setup
+    from teacli.train.update import shares_prompts, train_step
+
+    world = backend.init_world()
+    recipe = paper_recipe(args)
+    is_level = args.tea_is_correction if args.engine == "vllm" else "off"
+    s = setup(recipe, world, is_level, args.engine)
+    engine, reference, rollout, reward = s.engine, s.reference, s.rollout, s.reward
+    n_params = sum(p.numel() for p in engine.module.parameters())
+    P, m = args.prompts, args.group_size
+    rows = []
+    for step in range(args.steps + 1):
+        batch = stream_prompts(s.train_prompts, step * P, P, recipe.seed)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        scored = reward.tokens_scored
+        sync(device)
+        t0 = time.perf_counter()
+        profile = args.profile and step == args.steps and device.type == "cuda"
+        with _profiler(profile, args.profile and phase_path(args.profile, "generate"), "generation and scoring", device):
+            rollout.wake()
+            _, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, batch, recipe, m, seed=step)
+            rollout.sleep()
+        advantages = compute_advantages(recipe.advantage.name, rewards.double(), **recipe.advantage.params).float()
+        t2 = time.perf_counter()
+        with _profiler(profile, args.profile, "training phase", device):
+            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, s.pad_id, device, is_level=is_level)
+            sync(device)
+        t3 = time.perf_counter()
+        rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))  # a no-op for the hf engine
+        sync(device)
+        t4 = time.perf_counter()
+        new_tokens = sum(len(c.token_ids) for g in groups for c in g)
+        trained_tokens = new_tokens + prompt_runs(engine, reference, recipe, groups) * args.prompt_len
+        backward = t3 - t2 - stats["time_ref_logprobs"]
+        rows.append({
+            "step": step, "step_s": t4 - t0, "generate_s": t_gen, "reward_s": t_rew,
+            "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward, "sync_s": t4 - t3,
+            "new_tokens": new_tokens, "gen_tok_per_s": new_tokens / t_gen, "reward_tokens": reward.tokens_scored - scored,
+            "mfu_backward_step": 6 * n_params * trained_tokens / backward / DENSE_BF16_FLOPS,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+            **{k: v for k, v in rollout.stats().items() if k.startswith(("sync_", "vllm_", "gpu_"))},
+            **{k: v for k, v in stats.items() if k.startswith("is_")},
+        })
+        print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
+    settings = {
+        "recipe": recipe.name, "precision": backend.resolve_precision(recipe.backend.precision, device),
+        "zero": recipe.backend.zero_stage, "micro_batch": recipe.optim.micro_batch_size,
+        "grad_ckpt_layers": s.checkpointing.layers, "mem_estimate_gib": (s.checkpointing.estimate or float("nan")) / 2**30,
+        "kernels": resolve_kernels(recipe.policy.kernels, engine.module, device), "logprobs": resolved_kind(engine, device),
+        "attention": getattr(rollout, "attention", "vllm"), "share_prompts": shares_prompts(recipe, engine, reference),
+        "share_prefix": getattr(rollout, "share_prefix", "vllm prefix caching"), "params": n_params, "engine": args.engine,
+        "reward": f"{type(reward.model).__name__} {sum(p.numel() for p in reward.model.parameters()) / 1e9:.3g}B, random "
+                  f"(stands in for {recipe.reward.name_or_path}), batch {reward.batch_size}, share_prompts {reward.share_prompts}",
+    }
+    if hasattr(rollout, "close"):
+        rollout.close()
+    del s, engine, reference, rollout, reward
+    _free(device)
+    return {"rows": rows, "settings": settings}
+
+
 # ------------------------------------------------------------------------------------------------
 # TRL
 
@@ -249,19 +437,41 @@ def run_trl(args, device) -> dict:
     except ImportError as exc:
         return {"skipped": f"TRL is not installed ({exc}); `pip install trl` to compare"}
 
-    config = llama_config(args.small)
-    tokenizer = tokenizer_for(config.vocab_size)
-    config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     bf16 = device.type == "cuda"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    reward_model = reward_tokenizer = None
     with tempfile.TemporaryDirectory(prefix="tea_vs_trl_") as tmp:
-        torch.manual_seed(0)
         # TRL builds its reference model from the policy's path: save the random model once.
-        LlamaForCausalLM(config).to(torch.bfloat16 if bf16 else torch.float32).save_pretrained(f"{tmp}/model")
+        if args.shape == "paper":
+            from teacli.data.load import load_split
+            from teacli.models import random_model
+            from teacli.standins import stand_in
+            from teacli.train.batching import stream_prompts
+            from transformers import AutoTokenizer
+
+            recipe = paper_recipe(args)
+            loaded = stand_in(recipe)  # the directories tea's side loaded: the same configs, tokenizers and prompts
+            random_model(loaded.policy.name_or_path, "causal_lm", dtype, device).save_pretrained(f"{tmp}/model")
+            tokenizer = AutoTokenizer.from_pretrained(loaded.policy.name_or_path)
+            # the same random weights as tea's reward model (random_model seeds them), scored by TRL in one forward a batch
+            reward_model = random_model(loaded.reward.name_or_path, "reward", dtype, device)
+            reward_tokenizer = AutoTokenizer.from_pretrained(loaded.reward.name_or_path)
+            train = load_split(loaded.data.dir, loaded.data.train_split)
+            # conversational prompts: TRL renders them with the policy's chat template, and the reward model's
+            # conversations with its own, as tea does
+            column = [list(p.messages) for step in range(args.steps + 1)
+                      for p in stream_prompts(train, step * args.prompts, args.prompts, recipe.seed)]
+        else:
+            config = llama_config(args.small)
+            tokenizer = tokenizer_for(config.vocab_size)
+            config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+            torch.manual_seed(0)
+            LlamaForCausalLM(config).to(dtype).save_pretrained(f"{tmp}/model")
+            column = [" ".join(f"t{i}" for i in ids) for step in range(args.steps + 1) for ids in prompts_for(step, args, config.vocab_size)]
         tokenizer.save_pretrained(f"{tmp}/model")
-        texts = [" ".join(f"t{i}" for i in ids) for step in range(args.steps + 1) for ids in prompts_for(step, args, config.vocab_size)]
         # An explicit fingerprint: hashing the table (Dataset.from_dict) fails with pyarrow's MonthDayNano
         # under dill on Python 3.12 (seen on the H200 machine); nothing here depends on datasets' cache.
-        dataset = Dataset(InMemoryTable.from_pydict({"prompt": texts}), fingerprint="tea-vs-trl")
+        dataset = Dataset(InMemoryTable.from_pydict({"prompt": column}), fingerprint="tea-vs-trl")
         seqs = args.prompts * args.group_size
         mb = min(args.trl_micro_batch, seqs)
         cfg = GRPOConfig(
@@ -294,18 +504,38 @@ def run_trl(args, device) -> dict:
         def reward(completions, **kw):
             return [reward_of(c) for c in completions]
 
-        trainer = GRPOTrainer(model=f"{tmp}/model", reward_funcs=reward, args=cfg, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[Timer()])
+        if reward_model is not None:  # the reward model's forwards, timed into the step they run in
+            def started(module, inputs):
+                sync(device)
+                times[-1]["reward_t0"] = time.perf_counter()
+
+            def finished(module, inputs, output):
+                sync(device)
+                times[-1]["reward"] = times[-1].get("reward", 0.0) + time.perf_counter() - times[-1].pop("reward_t0")
+
+            reward_model.register_forward_pre_hook(started)
+            reward_model.register_forward_hook(finished)
+
+        trainer = GRPOTrainer(model=f"{tmp}/model", reward_funcs=reward if reward_model is None else reward_model, args=cfg,
+                              train_dataset=dataset, processing_class=tokenizer, callbacks=[Timer()],
+                              **({} if reward_model is None else {"reward_processing_classes": reward_tokenizer}))
         trainer.train()
         logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-        rows = [{"step": i, "step_s": t["end"] - t["begin"], "peak_mem_gib": t["peak"]} for i, t in enumerate(times)]
+        rows = [{"step": i, "step_s": t["end"] - t["begin"], "peak_mem_gib": t["peak"], **({"reward_s": t["reward"]} if "reward" in t else {})}
+                for i, t in enumerate(times)]
+        counted = 0.0
         for row, log in zip(rows, logs):
             row["completion_len"] = log.get("completions/mean_length")
+            # the prompt and completion tokens of the step (TRL logs a running count)
+            row["tokens"], counted = float(log.get("num_tokens", "nan")) - counted, float(log.get("num_tokens", "nan"))
         settings = {"trl": __import__("trl").__version__, "micro_batch": mb, "grad_accum": seqs // mb, "grad_ckpt": True,
                     "precision": "bf16" if bf16 else "fp32",
                     "generation": f"vLLM colocate (sleep level 2, gpu_memory_utilization {args.trl_vllm_memory})" if args.engine == "vllm"
-                    else "transformers generate"}
-        del trainer
+                    else "transformers generate",
+                    **({"reward": f"{type(reward_model).__name__} {sum(p.numel() for p in reward_model.parameters()) / 1e9:.3g}B, "
+                                  f"random, in reward_funcs (one forward of a generation batch's {seqs} conversations)"}
+                       if reward_model is not None else {})}
+        del trainer, reward_model
     _free(device)
     return {"rows": rows, "settings": settings}
 
@@ -377,22 +607,26 @@ def run_child(side: str) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=list(WORKLOADS), default="small-gpu",
+                   help="the workload: small-gpu (issue 12's, the default) or paper (uf_llama1b_tea's step with its 8B-shaped "
+                        "reward model on both sides); the flags below default to the shape's values")
     p.add_argument("--steps", type=int, default=3, help="measured steps per side (after one warm-up step)")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--group-size", type=int, default=64, help="m: completions per prompt")
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--beta", type=float, default=0.1)
-    p.add_argument("--gen-batch", type=int, default=256, help="tea: sequences per generate call")
-    p.add_argument("--tea-micro-batch", type=int, default=64)
-    p.add_argument("--tea-grad-ckpt", type=grad_ckpt_setting, default="auto",
+    p.add_argument("--prompts", type=int, default=None, help="prompts a step")
+    p.add_argument("--prompt-len", type=int, default=None, help="tokens a prompt (paper: after the chat template)")
+    p.add_argument("--group-size", type=int, default=None, help="m: completions per prompt")
+    p.add_argument("--new-tokens", type=int, default=None)
+    p.add_argument("--beta", type=float, default=None)
+    p.add_argument("--gen-batch", type=int, default=None, help="tea: sequences per generate call")
+    p.add_argument("--reward-batch", type=int, default=None, help="--shape paper, tea: reward.batch_size")
+    p.add_argument("--tea-micro-batch", type=int, default=None)
+    p.add_argument("--tea-grad-ckpt", type=grad_ckpt_setting, default=None,
                    help="tea: policy.gradient_checkpointing: auto, true, false or a number of layers k (the first k)")
     p.add_argument("--tea-share-prompts", choices=["on", "off"], default="on",
                    help="tea: optim.share_prompts (on: a micro-batch runs each distinct prompt once, on a KV cache its completions "
-                        "share; needs no checkpointed layer). MFU counts the tokens the forward ran, so sharing lowers it at equal time")
+                        "share; checkpointed layers or not). MFU counts the tokens the forward ran, so sharing lowers it at equal time")
     p.add_argument("--tea-kernels", choices=["auto", "eager", "liger", "compile"], default="auto",
                    help="tea: policy.kernels (default auto, the recipe default: liger where installed on CUDA; eager: the tables before issue 21)")
-    p.add_argument("--trl-micro-batch", type=int, default=16)
+    p.add_argument("--trl-micro-batch", type=int, default=None)
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation on both sides: transformers (hf) or colocated vLLM")
     p.add_argument("--tea-is-correction", choices=["token", "off"], default="token",
                    help="--engine vllm: tea's rollout.is_correction (off: vLLM returns log-probs for the sync check's completions only)")
@@ -411,9 +645,10 @@ def main() -> None:
     args = p.parse_args()
     if args.vllm_kwargs and args.engine != "vllm":
         p.error("--vllm-kwargs: applies to --engine vllm only")
+    for key, value in workload(args.shape, args.small).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.small:
-        args.prompts, args.prompt_len, args.group_size, args.new_tokens = 2, 16, 8, 8
-        args.gen_batch, args.tea_micro_batch, args.trl_micro_batch = 16, 8, 8
         args.steps = min(args.steps, 2)
 
     import torch
@@ -421,17 +656,20 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = {}
-    if args.engine == "vllm" and args.only is None:
+    if (args.engine == "vllm" or args.shape == "paper") and args.only is None:
         results = {side: run_child(side) for side in ("tea", "trl")}
     else:
         if args.only in (None, "tea"):
-            results["tea"] = run_tea(args, device)
+            results["tea"] = (run_tea_paper if args.shape == "paper" else run_tea)(args, device)
         if args.only in (None, "trl"):
             results["trl"] = run_trl(args, device)
 
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"\n{name}: {args.prompts} prompts x {args.prompt_len} tokens x m={args.group_size} x {args.new_tokens} new tokens, "
-          f"beta={args.beta}; median of {args.steps} steps after 1 warm-up")
+    scorer = ("a reward model of uf_llama1b_tea's reward model's shape, random weights, on both sides" if args.shape == "paper"
+              else "a function of the text")
+    print(f"\n{name}, --shape {args.shape}{' --small' if args.small else ''}: {args.prompts} prompts x {args.prompt_len} tokens x "
+          f"m={args.group_size} x {args.new_tokens} new tokens, beta={args.beta}, reward: {scorer}; median of {args.steps} steps "
+          f"after 1 warm-up")
     med = {}
     for side, res in results.items():
         if "rows" in res:
@@ -440,18 +678,21 @@ def main() -> None:
             print(f"{side}: " + ", ".join(f"{k}={v}" for k, v in res["settings"].items()))
         else:
             print(f"{side}: {res['skipped']}")
-    print(f"\n| ({args.engine}) | step s | generate s | ref log-probs s | backward+step s | push s | generated tok/s | MFU (backward+step) | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n| ({args.engine}) | step s | generate s | reward s | ref log-probs s | backward+step s | push s | generated tok/s | "
+          f"MFU (backward+step) | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     if "tea" in med:
         t = med["tea"]
-        print(f"| tea | {t['step_s']:.2f} | {t['generate_s']:.2f} | {t['ref_logprobs_s']:.2f} | {t['backward_step_s']:.2f} | {t['sync_s']:.2f} | "
-              f"{t['gen_tok_per_s']:,.0f} | {100 * t['mfu_backward_step']:.1f}% | {t['peak_mem_gib']:.1f} |")
+        reward_s = t.get("reward_s", t.get("reward_adv_s"))  # small-gpu: the reward function and the advantages
+        print(f"| tea | {t['step_s']:.2f} | {t['generate_s']:.2f} | {reward_s:.2f} | {t['ref_logprobs_s']:.2f} | {t['backward_step_s']:.2f} | "
+              f"{t['sync_s']:.2f} | {t['gen_tok_per_s']:,.0f} | {100 * t['mfu_backward_step']:.1f}% | {t['peak_mem_gib']:.1f} |")
         extra = {k: round(v, 4) for k, v in t.items() if k.startswith(("sync_logprob", "is_", "vllm_", "gpu_"))}
         if extra:
             print(f"tea vllm engine (medians): {extra}")
     if "trl" in med:
         t = med["trl"]
-        print(f"| TRL GRPOTrainer | {t['step_s']:.2f} | | | | | | | {t['peak_mem_gib']:.1f} |")
+        reward_s = f"{t['reward_s']:.2f}" if "reward_s" in t else ""  # paper: its reward model's forwards
+        print(f"| TRL GRPOTrainer | {t['step_s']:.2f} | | {reward_s} | | | | | | {t['peak_mem_gib']:.1f} |")
     if "tea" in med and "trl" in med:
         print(f"\ntea step / TRL step = {med['tea']['step_s'] / med['trl']['step_s']:.2f}")
     if args.json:

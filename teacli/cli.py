@@ -44,10 +44,15 @@ app.add_typer(diagnose_app, name="diagnose")
 
 def _recipe(name: str, overrides: list[str], **options: Any) -> Any:
     """Load the recipe NAME (a file or a name) with its --set overrides; a RecipeError is the one `error:` line."""
-    from teacli.config import RecipeError, find_recipe, load_recipe
+    return _recipe_with_origin(name, overrides, **options)[0]
+
+
+def _recipe_with_origin(name: str, overrides: list[str], **options: Any) -> tuple[Any, dict[str, str]]:
+    """`_recipe`, and where each key the recipe files or --set name was set (keys left at their defaults are absent)."""
+    from teacli.config import RecipeError, find_recipe, load_recipe_with_origin
 
     try:
-        return load_recipe(find_recipe(name), overrides, **options)
+        return load_recipe_with_origin(find_recipe(name), overrides, **options)
     except RecipeError as exc:
         _fail(str(exc))
 
@@ -138,6 +143,12 @@ def train(
         help="With --estimate only: the number of GPUs the run trains on, e.g. 8 (default 1). A count, not GPU indices "
         "as `tea study --gpus` takes; to train on several GPUs, launch with deepspeed or torchrun (below).",
     ),
+    lengths: Optional[str] = typer.Option(
+        None, "--lengths", metavar="fixed|realistic|PROMPT,RESPONSE", show_default=False,
+        help="With --estimate only: the sequence lengths to price. fixed: every prompt rehearsal.prompt_tokens, every "
+        "completion rollout.max_new_tokens; realistic: the lengths rehearsal.lengths realistic draws; PROMPT,RESPONSE: "
+        "your data's mean token counts, e.g. 225,320 (the same log-normal shapes). Default: the recipe's rehearsal.lengths.",
+    ),
 ) -> None:
     """Train a policy with the recipe's advantage rule; resumes an existing run directory.
 
@@ -148,14 +159,17 @@ def train(
 
     count = _gpu_count(gpus)
     if not estimate:
-        only_with(ctx, "--estimate", ("card", "gpus"))
+        only_with(ctx, "--estimate", ("card", "gpus", "lengths"))
     set_ = [*set_, *(["rehearsal.enabled=true"] if rehearse else []), *([f"optim.steps={steps}"] if steps else [])]
-    r = _recipe(recipe, set_)
+    r, origin = _recipe_with_origin(recipe, set_)
     if estimate:
-        from teacli.planner import estimate as predict, format_estimate
+        from teacli.planner import estimate as predict, format_estimate, layout_note, parse_lengths
 
         try:
-            typer.echo(format_estimate(predict(r, gpus=count, card=card)))
+            priced = parse_lengths(lengths) if lengths is not None else None
+            typer.echo(format_estimate(predict(r, gpus=count, card=card, lengths=priced)))
+            if count > 1:  # colocated or split placement (rollout.colocated), by the same phases
+                typer.echo(layout_note(r, count, card, lengths=priced))
         except ValueError as exc:
             _fail(str(exc))
         return
@@ -182,7 +196,7 @@ def train(
     with sigterm_as_interrupt() as stopped_by:
         try:
             check_run_dir_path(directory)
-            path = run_training(r, directory)
+            path = run_training(r, directory, explicit=frozenset(origin))
         except (TrainError, DataError, RecipeError, ValueError) as exc:
             if main_rank:
                 _fail(str(exc))

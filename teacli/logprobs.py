@@ -26,9 +26,12 @@ plain path: the model's own logits for the completion positions, one row at a ti
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from torch import Tensor
 
 # Logits per chunk (rows x vocabulary): 2^28 fp32 values = 1 GiB (2,048 rows of a 128k vocabulary).
@@ -76,9 +79,14 @@ def shared_prompt_logprobs(
     the completions run on top of them. Autograd follows the indexing, so every sequence's gradient
     reaches the prompt positions it attends to, summed over the sequences that share them, exactly
     as in the concatenated forward. With m completions per prompt this does the prompt's work once
-    instead of m times. Not for gradient-checkpointed models (transformers drops the cache of a
-    checkpointed layer): `can_share_prompts` says when it applies. `completion_index`: as for
-    `token_logprobs`, `completion_index(completion_mask)`.
+    instead of m times. `completion_index`: as for `token_logprobs`, `completion_index(completion_mask)`.
+
+    Gradient-checkpointed layers (policy.gradient_checkpointing) keep the cache here: both passes' caches are
+    recompute-safe (`prompt_cache`, `prefix_cache`), so the layer's recomputation in backward reads what its
+    forward read. The prompt's keys and values leave a checkpointed layer through the cache, not its output:
+    non-reentrant checkpointing records the forward's graph as usual (only its saved tensors are dropped and
+    recomputed), so the completions' gradients reach them; reentrant checkpointing would not, and
+    `can_share_prompts` refuses it. `can_share_prompts` says when this path applies.
     """
     import torch
 
@@ -88,18 +96,19 @@ def shared_prompt_logprobs(
     head, decoder = _head_and_decoder(model)
     if fused == "plain" or head is None:
         raise ValueError("shared_prompt_logprobs needs a plain head(hidden) model (see can_share_prompts)")
-    cache = new_cache(model)
-    last = _hidden_states(
-        model, decoder, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
-        past_key_values=cache, use_cache=True,
-    )[:, -1:]  # [U, 1, H]: predicts each prompt's first completion token
-    hidden = last[row_of]
-    if completion_ids.shape[1] > 1:  # the last completion token predicts nothing: it is not run
-        rest = on_prompt_cache(
-            lambda **inputs: _hidden_states(model, decoder, **inputs), model, cache, prompt_mask, row_of,
-            completion_ids[:, :-1], completion_mask[:, :-1],
-        )
-        hidden = torch.cat([hidden, rest], dim=1)
+    with _checkpointed_layers_keep_cache(model):
+        cache = prompt_cache(model)
+        last = _hidden_states(
+            model, decoder, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+            past_key_values=cache, use_cache=True,
+        )[:, -1:]  # [U, 1, H]: predicts each prompt's first completion token
+        hidden = last[row_of]
+        if completion_ids.shape[1] > 1:  # the last completion token predicts nothing: it is not run
+            rest = on_prompt_cache(
+                lambda **inputs: _hidden_states(model, decoder, **inputs), model, cache, prompt_mask, row_of,
+                completion_ids[:, :-1], completion_mask[:, :-1],
+            )
+            hidden = torch.cat([hidden, rest], dim=1)
     return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused, completion_index)
 
 
@@ -109,12 +118,13 @@ def on_prompt_cache(
     """Continuations run on their prompts' KV cache: what `forward` (the model's, or its decoder's) returns for them.
 
     cache: the keys and values of U left-padded prompts (prompt_mask [U, Lp]), every layer; row_of [B]: sequence
-    b's prompt; ids/mask [B, T]: the continuations, right-padded. The prompts' keys and values are copied to the B
-    sequences (`cache_rows`), not recomputed; positions go on from each prompt's last. Shared by the policy's
-    log-probs (`shared_prompt_logprobs`) and the reward model's scoring (teacli/rewards/hf.py)."""
+    b's prompt; ids/mask [B, T]: the continuations, right-padded. The prompts' keys and values are indexed to the B
+    sequences (`prefix_cache`: in each layer as it runs, not all layers up front), not recomputed; positions go on
+    from each prompt's last. Shared by the policy's log-probs (`shared_prompt_logprobs`) and the reward model's
+    scoring (teacli/rewards/hf.py)."""
     import torch
 
-    shared = cache_rows(cache, row_of, into=new_cache(model))
+    shared = prefix_cache(model, cache, row_of)
     start = prompt_mask.long().sum(-1)[row_of][:, None]  # each sequence's first continuation position
     return forward(
         input_ids=ids, attention_mask=torch.cat([prompt_mask[row_of], mask], dim=1),
@@ -141,6 +151,78 @@ def new_cache(model) -> Any:
     return DynamicCache(config=base_model(model).config.get_text_config(decoder=True))
 
 
+def prompt_cache(model) -> Any:
+    """`new_cache`, its full-attention layers recompute-safe for the prompt pass: each keeps the keys and values its
+    layer's forward computes (DynamicLayer's values exactly, without DynamicLayer's copy of them), and a gradient-
+    checkpointed layer's recomputation in backward, which calls the cache again, finds them kept and changes
+    nothing (DynamicLayer would append them a second time, and the recomputation would attend to both)."""
+    from transformers.cache_utils import DynamicLayer
+
+    cache = new_cache(model)
+    prompt_layer, _ = _cache_layers()
+    cache.layers = [prompt_layer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def prefix_cache(model, cache: Any, rows: "Tensor") -> Any:
+    """A cache for continuations of `cache`'s prompts: row b continues prompt rows[b]. A full-attention layer
+    (DynamicLayer, or `prompt_cache`'s) is read-only: each `update` returns cat(prompt's keys[rows], new keys)
+    and stores nothing, so a gradient-checkpointed layer's recomputation reads what its forward read; the
+    index runs in the layer, so no layer's copy is held before it runs (or, checkpointed, after). The values are
+    DynamicLayer's on `cache_rows`' copy, bit for bit. Other layers (sliding windows) get `cache_rows`' copy."""
+    from transformers.cache_utils import DynamicLayer
+
+    into = new_cache(model)
+    if len(into.layers) != len(cache.layers):  # a cache that makes its layers as they are first written
+        return cache_rows(cache, rows, into)
+    prompt_layer, prefix_layer = _cache_layers()
+    for index, (layer, target) in enumerate(zip(cache.layers, into.layers)):
+        if type(layer) in (DynamicLayer, prompt_layer) and type(target) is DynamicLayer:
+            into.layers[index] = prefix_layer(layer.keys, layer.values, rows)
+        else:
+            target.update(layer.keys[rows], layer.values[rows])
+    return into
+
+
+_CACHE_LAYERS: Any = None
+
+
+def _cache_layers() -> tuple[Any, Any]:
+    """The two DynamicLayer subclasses of `prompt_cache` and `prefix_cache` (built once: transformers is imported
+    only when a cache is)."""
+    global _CACHE_LAYERS
+    if _CACHE_LAYERS is not None:
+        return _CACHE_LAYERS
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    def hold(layer: Any, keys: "Tensor", values: "Tensor") -> None:
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
+        layer.keys, layer.values = keys, values
+
+    class PromptLayer(DynamicLayer):
+        kept = False
+
+        def update(self, key_states: "Tensor", value_states: "Tensor", *args: Any, **kwargs: Any) -> tuple["Tensor", "Tensor"]:
+            if not self.kept:  # the forward; a recomputation in backward finds them kept
+                hold(self, key_states, value_states)
+                self.kept = True
+            return key_states, value_states
+
+    class PrefixLayer(DynamicLayer):
+        def __init__(self, keys: "Tensor", values: "Tensor", rows: "Tensor") -> None:
+            super().__init__()
+            hold(self, keys, values)  # [U, heads, Lp, d]
+            self.rows = rows  # [B]
+
+        def update(self, key_states: "Tensor", value_states: "Tensor", *args: Any, **kwargs: Any) -> tuple["Tensor", "Tensor"]:
+            return (torch.cat([self.keys[self.rows], key_states], dim=-2),
+                    torch.cat([self.values[self.rows], value_states], dim=-2))
+
+    _CACHE_LAYERS = (PromptLayer, PrefixLayer)
+    return _CACHE_LAYERS
+
+
 def cache_rows(cache, rows: "Tensor", into: Any) -> Any:
     """`cache`'s keys and values at batch rows `rows` (repeats allowed), every layer, written into the empty
     cache `into` (`new_cache`, or a fresh StaticCache) and returned. Differentiable: autograd sums a
@@ -151,13 +233,82 @@ def cache_rows(cache, rows: "Tensor", into: Any) -> Any:
 
 
 def can_share_prompts(model, fused: str = "auto") -> bool:
-    """Whether `shared_prompt_logprobs` applies to `model`: logits = head(hidden), and no layer gradient-checkpointed.
-
-    Checkpointing only some layers (policy.gradient_checkpointing: k) still rules it out: each checkpointed
-    layer drops the KV cache (transformers sets past_key_values=None there, since recomputing it in backward
-    would write the cache a second time), so the completions would not see the prompt in those layers."""
+    """Whether `shared_prompt_logprobs` applies to `model`: logits = head(hidden), and where a layer is
+    gradient-checkpointed, checkpointing that `shared_prompt_logprobs` can keep the cache through
+    (`_checkpointing_keeps_cache`)."""
     head, _ = _head_and_decoder(model)
-    return fused != "plain" and head is not None and not getattr(base_model(model), "is_gradient_checkpointing", False)
+    if fused == "plain" or head is None:
+        return False
+    return not getattr(base_model(model), "is_gradient_checkpointing", False) or _checkpointing_keeps_cache(model)
+
+
+def _checkpointing_keeps_cache(model) -> bool:
+    """Whether the shared-prompt forward is right on `model`'s checkpointed layers: transformers' per-layer
+    checkpointing (GradientCheckpointingLayer; the checkpointing of a model that has none, in its own loop, would
+    drop the cache) in a transformers that lets a layer keep the cache (`_can_checkpoint_with_cache`: 5.17 and
+    5.19 do), non-reentrant (reentrant checkpointing passes gradients only to the layer's tensor
+    arguments, not to the prompt's keys and values it reads from the cache), and every layer's cache plain full
+    attention (`prompt_cache` and `prefix_cache` make exactly those recompute-safe; a sliding window's is not)."""
+    from transformers.cache_utils import DynamicLayer
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):  # older transformers: always drops it
+        return False
+    module = base_model(model)
+    layers = [m for m in module.modules() if isinstance(m, GradientCheckpointingLayer)]
+    checkpointed = [m for m in layers if m.gradient_checkpointing]
+    if not checkpointed:
+        return False
+    for layer in checkpointed:
+        func = getattr(layer, "_gradient_checkpointing_func", None)
+        if getattr(func, "keywords", {}).get("use_reentrant", True) is not False:
+            return False
+    cache = new_cache(model).layers
+    text = module.config.get_text_config(decoder=True)
+    return all(type(layer) is DynamicLayer for layer in cache) and len(cache) == getattr(text, "num_hidden_layers", len(cache))
+
+
+class _NoCachingWarning:
+    """A logging filter: drops transformers' warnings that a checkpointed model and layer set use_cache=False (they
+    do, and that is harmless: the layers still read the cache they are given; `_checkpointed_layers_keep_cache`)."""
+
+    LOGGERS = ("transformers.utils.generic", "transformers.modeling_layers")
+
+    def filter(self, record: Any) -> bool:
+        return "incompatible with gradient checkpointing" not in str(record.msg)
+
+
+@contextmanager
+def _checkpointed_layers_keep_cache(model) -> Iterator[None]:
+    """While the block runs, `model`'s gradient-checkpointed layers are given the KV cache (transformers drops it
+    there unless the layer sets `_can_checkpoint_with_cache`, which it means for layers that only read it): the
+    shared-prompt forward's caches are recompute-safe (`prompt_cache`, `prefix_cache`). A layer's recomputation in
+    backward calls its forward with the arguments of the first call, so the flag is needed only while it runs.
+    Nothing is changed where no layer is checkpointed; checkpointing that cannot keep it is a ValueError."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in base_model(model).modules() if isinstance(m, GradientCheckpointingLayer)
+              and m.gradient_checkpointing and m.training and "_can_checkpoint_with_cache" not in vars(m)]
+    if not layers:
+        yield
+        return
+    if not _checkpointing_keeps_cache(model):
+        raise ValueError("shared_prompt_logprobs: this model's gradient checkpointing cannot keep the prompts' KV cache "
+                         "(see can_share_prompts)")
+    import logging
+
+    quiet = _NoCachingWarning()
+    for name in quiet.LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache
+        for name in quiet.LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
 
 
 def resolved_kind(model, device: Any, fused: str = "auto") -> str:

@@ -6,7 +6,9 @@ batches (teacli/rewards/hf.py: as many as `reward.batch_size` rows a batch make)
 number of consecutive batches fixed in advance. Even sizes pad wherever the lengths spread within a batch (the short
 end of a right-skewed length distribution, `rehearsal.lengths: realistic`); `least_padding` picks the sizes that
 compute the fewest tokens instead, with no batch computing more than a cap (the largest batch of the even cut: no
-more memory than before). It lives below both stages, which share it.
+more memory than before). It lives below both stages, which share it, and the planner (teacli/planner.py), which cuts
+drawn lengths as a run would to price their padding: `micro_sizes` is the trainer's cut, `batch_sizes` the reward
+model's.
 """
 
 from __future__ import annotations
@@ -67,3 +69,23 @@ def least_padding(widths: Sequence[int], count: int, cap: int) -> list[int] | No
         e = s
     sizes.reverse()  # ascending order's batches
     return sizes[::-1] if descending else sizes
+
+
+def micro_sizes(widths: Sequence[int], count: int) -> list[int]:
+    """Sizes of the trainer's `count` micro-batches of whole sequences sorted by width (teacli/train/batching.py): the
+    cut that computes the fewest tokens with none computing more than the largest batch of the even cut, or the even
+    cut where there is no such cut (fewer rows than batches: the last ones empty) or the search is too large."""
+    even = even_sizes(len(widths), count)
+    if len(widths) < count:
+        return even
+    return least_padding(widths, count, max(computed(widths, even))) or even
+
+
+def batch_sizes(widths: Sequence[int], batch_size: int) -> list[int]:
+    """Sizes of the reward model's forward batches of rows sorted longest first (widths[b]: row b's tokens,
+    teacli/rewards/hf.py): as many batches as `batch_size` rows a batch make, cut where they compute the fewest tokens
+    with none computing more than the first (`batch_size` of the longest rows: no more memory), so a batch of shorter
+    rows may hold more than `batch_size`; `batch_size` rows a batch where that search is too large."""
+    count = -(-len(widths) // batch_size)
+    even = [min(batch_size, len(widths) - k * batch_size) for k in range(count)]
+    return (least_padding(widths, count, batch_size * widths[0]) if widths else None) or even

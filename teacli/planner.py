@@ -11,6 +11,18 @@ docs/reproducing.md lists the runs and how far the predictions of the others wer
 every completion to `rollout.max_new_tokens` (random weights almost never stop), so a prediction is for the
 longest steps a recipe can take; trained models stop earlier.
 
+Lengths (`--lengths`, default the recipe's `rehearsal.lengths`): `fixed` prices every sequence as a fixed-length
+rehearsal runs it, a prompt of `rehearsal.prompt_tokens` and a completion of `rollout.max_new_tokens`. `realistic`
+prices the lengths a `rehearsal.lengths: realistic` run draws (`Lengths`: the same generator, `teacli.standins`, on
+fixed seeds), and `--lengths PROMPT,RESPONSE` a user's data of these mean token counts (the rehearsal's log-normal
+shapes scaled to them). Generation decodes each wave until its longest response ends (the longest drawn, not the
+mean; every row's KV cache as long as the wave's longest prompt, left-padded). Reward, reference and training compute
+the drawn whole sequences and the padding that the run's batch cut leaves them (`teacli.padding`: the reward model's
+forward batches, the trainer's micro-batches, shared prompts where the recipe shares them), priced in the fixed
+estimate's token model (every sequence whole, the model the calibration was measured in) with that padding's share
+on top; attention's context is the token-weighted mean length. Peak memory stays the longest a run can hold:
+`data.max_prompt_tokens` + `rollout.max_new_tokens` a sequence.
+
 A small model is bound by launching its kernels rather than by its FLOPs: a layer pass of a micro-batch takes at
 least `layer_ms`; and a training micro-batch at least `train_micro_s` (what bounds the 1B at micro-batches of 8).
 vLLM decodes at once at most what its KV cache sustains (`kv_concurrency`), the rest in waves.
@@ -32,13 +44,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from teacli.config import Recipe
 
 from teacli.memory import activation_bytes, memory_plan, state_bytes
-from teacli.standins import Shape, model_shape
+from teacli.padding import batch_sizes, even_sizes, micro_sizes
+from teacli.standins import (PROMPT_MEDIAN, PROMPT_MIN, PROMPT_SIGMA, RESPONSE_MEDIAN, RESPONSE_SIGMA, Shape, model_shape,
+                             prompt_lengths, response_lengths)
 
 _GiB = 2**30
 
@@ -87,13 +102,14 @@ CARDS = {
 #     time and what the host needs to drive it (GPU work overlaps it):
 #     - each layer of each forward pass of a micro-batch takes at least `layer_ms` to launch (a backward counts as
 #       two passes, like its FLOPs, and the shared-prompt path of `optim.share_prompts` runs two passes a forward:
-#       the prompts, then the completions). Fitted to SmolLM2-135M's reference and training alone on an H200
+#       the prompts, then the completions, with checkpointed layers too since issue 45). Fitted to SmolLM2-135M's reference and training alone on an H200
 #       (results/gpu/runs/gpu_bon_hard_grpo-s0, the median of steps 11-100: 0.58 + 2.18 s over 8 micro-batches
 #       x 30 layers x 2 passes x (1 + 3)). It also gives the 1B's reference at micro-batches of 8 (64 x 16 x 1.44 ms
 #       = 1.47 s; measured 1.61 s);
 #     - each training micro-batch takes at least `train_micro_s`: the 1B at micro-batches of 8 (l1b_ck_true, the same
-#       machine: 11.50 s over 64), which costs as much with its layers checkpointed as without (11.88 s, two passes a
-#       forward) and so is not its launches (layer_ms gives 5.9 and 8.8 s). The 1B trains compute-bound from
+#       machine: 11.50 s over 64, whole sequences: sharing was then off with checkpointing), which costs as much with
+#       its layers checkpointed as without (11.88 s, two passes a forward) and so is not its launches (layer_ms gives
+#       5.9 and 8.8 s; checkpointed on the shared-prompt path it gives 11.8 s, not measured yet). The 1B trains compute-bound from
 #       micro-batches of 16 on (l1b_mb16_true, l1b_mb64_true: within 10%).
 #     With several GPUs each micro-batch costs ZeRO's communication on top: `zero2_micro_s` (the 1B on 2 GPUs,
 #     results/performance/2026-11-28-h200x4/runs/llama1b_2gpu: 32 micro-batches of 8 a GPU), `zero3_micro_s` (Qwen3-4B on
@@ -167,6 +183,7 @@ class Estimate:
     eval_s: float
     fits: bool
     notes: list[str] = field(default_factory=list)
+    padding: dict[str, float] = field(default_factory=dict)  # realistic lengths: the share of computed tokens that pad
 
     @property
     def step_s(self) -> float:
@@ -179,13 +196,188 @@ class Estimate:
 
 
 STEP_PHASES = ("generate", "reward", "reference", "train", "sync")
+# Fixed-seed draws of a step's lengths whose padding and longest sequences `estimate` averages at realistic lengths (a
+# validation's and an eval-bon's, many more sequences each, VALIDATION_DRAWS of at most DRAWN_PROMPTS prompts: two of
+# the reward model's blocks of reward.batch_size prompts at the recipes' 32). The mean lengths are exact (`Lengths.means`).
+LENGTH_DRAWS, VALIDATION_DRAWS, DRAWN_PROMPTS = 16, 2, 64
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Prompt and response lengths as `rehearsal.lengths: realistic` draws them (`teacli.standins.prompt_lengths`,
+    `response_lengths`): log-normal of these medians and the rehearsal's log-sds, the prompts clipped to
+    [PROMPT_MIN, data.max_prompt_tokens], the responses cut at rollout.max_new_tokens as the engine cuts them."""
+
+    prompt_median: float = PROMPT_MEDIAN
+    response_median: float = RESPONSE_MEDIAN
+
+    @classmethod
+    def from_means(cls, prompt: float, response: float) -> "Lengths":
+        """The rehearsal's shapes scaled to these means (tokens; of the log-normals before they are clipped or cut:
+        a log-normal's mean is its median × exp(log-sd² / 2))."""
+        if prompt < 1 or response < 1:
+            raise ValueError(f"--lengths: mean prompt and response tokens must be at least 1, got {prompt:g},{response:g}")
+        return cls(prompt / math.exp(PROMPT_SIGMA**2 / 2), response / math.exp(RESPONSE_SIGMA**2 / 2))
+
+    def means(self, max_prompt: int, max_new: int) -> tuple[float, float]:
+        """The mean prompt and response tokens of these lengths as a run clips and cuts them, exactly (of the
+        continuous log-normals: the rounding to whole tokens moves a mean by well under a token)."""
+        low = min(PROMPT_MIN, max_prompt)
+        return (_clipped_mean(self.prompt_median, PROMPT_SIGMA, low, max_prompt),
+                _clipped_mean(self.response_median, RESPONSE_SIGMA, 1, max_new))
+
+    def draw(self, prompts: int, group: int, seed: int, max_prompt: int, max_new: int) -> tuple[list[int], list[int]]:
+        """Lengths of `prompts` prompts [prompts] and of their `group` responses each [prompts × group], prompt-major."""
+        low = min(PROMPT_MIN, max_prompt)
+        p = prompt_lengths(prompts, f"planner-{seed}", low, max_prompt, median=self.prompt_median)
+        r = response_lengths(seed, prompts * group, median=self.response_median)
+        return p, [min(max_new, x) for x in r]
+
+
+def _clipped_mean(median: float, sigma: float, low: float, high: float) -> float:
+    """E[min(max(X, low), high)] for X log-normal of this median and log-sd: low × P(X < low) + high × P(X > high) +
+    E[X; low ≤ X ≤ high], the last exp(μ + σ²/2) × (Φ((ln high − μ − σ²)/σ) − Φ((ln low − μ − σ²)/σ))."""
+    mu = math.log(median)
+
+    def phi(x: float) -> float:
+        return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+    a, b = math.log(low), math.log(high)
+    inside = math.exp(mu + sigma**2 / 2) * (phi((b - mu - sigma**2) / sigma) - phi((a - mu - sigma**2) / sigma))
+    return low * phi((a - mu) / sigma) + high * (1 - phi((b - mu) / sigma)) + inside
+
+
+def parse_lengths(text: str) -> "str | Lengths":
+    """`--lengths`: fixed, realistic, or PROMPT,RESPONSE mean token counts (`Lengths.from_means`)."""
+    if text in ("fixed", "realistic"):
+        return text
+    parts = text.split(",")
+    try:
+        prompt, response = (float(x) for x in parts)
+    except ValueError:
+        raise ValueError(f"--lengths: {text!r} is not fixed, realistic or two mean token counts PROMPT,RESPONSE "
+                         "(e.g. --lengths 225,320)") from None
+    return Lengths.from_means(prompt, response)
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What one phase's lengths cost a GPU: tokens a sequence on average (its prompt and its response, whole: exact,
+    `Lengths.means`), and over fixed-seed draws the token-weighted mean length (Σ L² / Σ L: attention's context) and
+    the shares of the tokens that the reward model's forward batches and the trainer's micro-batches compute that are
+    padding."""
+
+    prompt: float
+    response: float
+    context: float
+    pad_reward: float
+    pad_train: float
+
+    @property
+    def sequence(self) -> float:
+        return self.prompt + self.response
+
+
+@lru_cache(maxsize=32)
+def drawn(lengths: Lengths, prompts: int, group: int, max_prompt: int, max_new: int, draws: int, reward_batch: int,
+          reward_shared: bool, micro: int, train_shared: bool) -> Drawn:
+    """`draws` draws of `prompts` prompts' `group` sequences each (seeds 0, 1, ...), cut as a run cuts them: the reward
+    model's forward batches of `reward_batch` rows (`_reward_padding`) and `micro` micro-batches (`_train_padding`;
+    micro 0: none)."""
+    whole = squares = 0
+    pads = {"reward": [0, 0], "train": [0, 0]}
+    for seed in range(draws):
+        p, r = lengths.draw(prompts, group, seed, max_prompt, max_new)
+        whole += group * sum(p) + sum(r)
+        squares += sum((p[i // group] + x) ** 2 for i, x in enumerate(r))
+        for key, (pad, total) in (("reward", _reward_padding(p, r, group, reward_batch, reward_shared)),
+                                  ("train", _train_padding(p, r, group, micro, train_shared) if micro else (0, 0))):
+            pads[key][0] += pad
+            pads[key][1] += total
+    return Drawn(*lengths.means(max_prompt, max_new), squares / whole,
+                 *(pad / total if total else 0.0 for pad, total in pads.values()))
+
+
+@lru_cache(maxsize=32)
+def decoded(lengths: Lengths, wave: int, group: int, max_prompt: int, max_new: int, draws: int) -> tuple[float, float]:
+    """(prompt, steps) of a generation wave of `wave` sequences, `group` a prompt, on average over `draws` draws: its
+    longest prompt (the rows are left-padded to it) and its longest response (what it decodes: every row waits for
+    the last to end)."""
+    longest_prompt = longest_response = 0
+    for seed in range(draws):
+        p, r = lengths.draw(-(-wave // group), group, seed, max_prompt, max_new)
+        longest_prompt += max(p)
+        longest_response += max(r[:wave])
+    return longest_prompt / draws, longest_response / draws
+
+
+def _train_padding(prompts: list[int], responses: list[int], group: int, micro: int, shared: bool) -> tuple[int, int]:
+    """(padding, tokens computed) of `micro` micro-batches of these sequences, as teacli/train/batching.py cuts them
+    (`micro_batches`: by group, even sizes, where prompts are shared; else by length, `teacli.padding.micro_sizes`) and
+    counts them (`padding`: shared, each distinct prompt once and the completions to the longest; else rows × the
+    longest sequence). prompts[P], responses[P × group] prompt-major."""
+    seqs = [(i // group, prompts[i // group], x) for i, x in enumerate(responses)]  # (group, prompt, response)
+    if shared:
+        order = sorted(seqs, key=lambda s: (s[0], s[1] + s[2]))
+        sizes = even_sizes(len(order), micro)
+    else:
+        order = sorted(seqs, key=lambda s: s[1] + s[2])
+        sizes = micro_sizes([p + x for _, p, x in order], micro)
+    pad = total = start = 0
+    for size in sizes:
+        batch = order[start : start + size] or order[:1]  # an empty micro-batch's zero-weight pass over one sequence
+        start += size
+        comps = [x for *_, x in batch]
+        if shared:
+            firsts = list({g: p for g, p, _ in batch}.values())
+            width = len(firsts) * max(1, *firsts) + len(comps) * max(1, *comps)
+            real = sum(firsts) + sum(comps)
+        else:
+            totals = [p + x for _, p, x in batch]
+            width = len(totals) * max(max(1, *comps) + 1, *totals)
+            real = sum(totals)
+        pad += width - real
+        total += width
+    return pad, total
+
+
+def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_size: int, shared: bool) -> tuple[int, int]:
+    """(padding, tokens computed) of the reward model's forward batches of these sequences, as teacli/rewards/hf.py
+    cuts them (`teacli.padding.batch_sizes`): shared prompts (reward.share_prompts), blocks of `batch_size` groups,
+    longest prompt first, each block's prompts left-padded to its longest, then its responses longest first on them;
+    else whole conversations longest first. The prompt under the reward model's template is taken as the policy's."""
+    pad = total = 0
+
+    def batches(widths: list[int], rows: list[int]) -> None:  # rows: each row's own tokens, longest first
+        nonlocal pad, total
+        first = 0
+        for size in batch_sizes(widths, batch_size):
+            chunk, first = rows[first : first + size], first + size
+            pad += size * chunk[0] - sum(chunk)
+            total += size * chunk[0]
+
+    if shared and group > 1:
+        order = sorted(range(len(prompts)), key=lambda g: prompts[g], reverse=True)
+        for start in range(0, len(order), batch_size):
+            block = order[start : start + batch_size]
+            wide = max(prompts[g] for g in block)
+            pad += len(block) * wide - sum(prompts[g] for g in block)
+            total += len(block) * wide
+            rest = sorted((responses[g * group + j] for g in block for j in range(group)), reverse=True)
+            batches([wide + x for x in rest], rest)
+    else:
+        whole = sorted((prompts[i // group] + x for i, x in enumerate(responses)), reverse=True)
+        batches(whole, whole)
+    return pad, total
 
 
 def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", prompt_tokens: int | None = None,
-             engine: str | None = None, eval_M: int | None = None, eval_prompts: int | None = None) -> Estimate:
+             engine: str | None = None, eval_M: int | None = None, eval_prompts: int | None = None,
+             lengths: "str | Lengths | None" = None) -> Estimate:
     """The prediction for `recipe` on `gpus` cards of kind `card` (CARDS). prompt_tokens: the prompts' length after
-    the chat template (default rehearsal.prompt_tokens); engine: hf or vllm (default: what rollout.engine picks on
-    a CUDA machine with vllm installed, `teacli.rollout.factory.auto_engine`)."""
+    the chat template at fixed lengths (default rehearsal.prompt_tokens); engine: hf or vllm (default: what
+    rollout.engine picks on a CUDA machine with vllm installed, `teacli.rollout.factory.auto_engine`); lengths: fixed,
+    realistic or a `Lengths` (the module docstring; default rehearsal.lengths)."""
     from teacli.rollout.factory import auto_engine
 
     if isinstance(card, str) and card not in CARDS:
@@ -206,35 +398,74 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
                      f"(the step waits for it); training is sharded by sequence (teacli/train/sharding.py)")
     ctx = p + n  # whole sequences: training, reference, reward
     tokens = seqs * ctx
+    lengths = recipe.rehearsal.lengths if lengths is None else lengths
+    if lengths == "realistic":
+        lengths = Lengths()
+    elif lengths != "fixed" and not isinstance(lengths, Lengths):
+        raise ValueError(f"--lengths: {lengths!r} is not fixed, realistic or two mean token counts PROMPT,RESPONSE")
+    drawn_of: dict[str, Drawn] = {}
+    if isinstance(lengths, Lengths):  # the drawn lengths, cut and padded as the run cuts them (the module docstring)
+        rb = recipe.reward.batch_size
+        rshared = recipe.reward.kind == "hf" and recipe.reward.share_prompts and recipe.reward.kernels != "compile"
+        cut = (recipe.data.max_prompt_tokens, n)
+        micro_count = math.ceil(seqs / recipe.optim.micro_batch_size)
+        v = recipe.validation
+        drawn_of["step"] = drawn(lengths, -(-P // gpus), m, *cut, LENGTH_DRAWS, rb, rshared, micro_count, recipe.optim.share_prompts)
+        drawn_of["validation"] = drawn(lengths, min(DRAWN_PROMPTS, math.ceil(v.prompts / gpus)), v.samples, *cut,
+                                       VALIDATION_DRAWS, rb, rshared, 0, False)
+        drawn_of["eval"] = drawn(lengths, DRAWN_PROMPTS, eval_M or recipe.eval.M, *cut, VALIDATION_DRAWS, rb, rshared, 0, False)
+        step = drawn_of["step"]
+        tokens = seqs * step.sequence / (1 - step.pad_train)
+        ctx = recipe.data.max_prompt_tokens + n  # memory: the longest sequence a run can hold
 
     cal = CALIBRATION
     ckpt = recipe.policy.gradient_checkpointing
     layers_ckpt = pol.layers if ckpt is True else (0 if ckpt in (False, "auto") else int(ckpt))
     memory = _memory(recipe, pol, rm, gpus, k, name, seqs, ctx, layers_ckpt)
+    attention = drawn_of["step"].context if drawn_of else ctx  # the mean context a computed token attends over
     v = recipe.validation
     M = eval_M or recipe.eval.M
+    if drawn_of:  # vLLM's blocks hold what a sequence holds on average
+        p, n_kv = drawn_of["step"].prompt, drawn_of["step"].response
+    else:
+        n_kv = n
     if name == "vllm":  # at most its CUDA graphs' batch, at most what its KV cache holds (the trainer's rank; eval-bon's alone)
         kv = memory["kv_cache"] * _GiB
-        waves_of = {"step": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, kv, p, n, m)),
-                    "validation": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, kv, p, n, v.samples)),
-                    "eval": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, _vllm_kv_bytes(recipe, pol, k, 0, max(M, r.batch_size)), p, n, M))}
+        waves_of = {"step": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, kv, p, n_kv, m)),
+                    "validation": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, kv, p, n_kv, v.samples)),
+                    "eval": min(VLLM_GRAPH_SEQS, kv_concurrency(pol, _vllm_kv_bytes(recipe, pol, k, 0, max(M, r.batch_size)), p, n_kv, M))}
     else:
         waves_of = dict.fromkeys(("step", "validation", "eval"), r.batch_size)
 
-    def gen_floor(sequences: float) -> float:
-        return generation_floor(pol, k, sequences, p, n)
+    group_of = {"step": m, "validation": v.samples, "eval": M}
+
+    def decode(live: float, what: str) -> tuple[float, float]:
+        """A wave's prompt (its KV cache's) and decode steps: fixed, p and n; drawn, its longest of each."""
+        if not drawn_of or live < 1:
+            return p, n
+        return decoded(lengths, round(live), group_of[what], recipe.data.max_prompt_tokens, n, LENGTH_DRAWS)
+
+    def gen_floor(sequences: float, what: str = "step") -> float:
+        waves = max(1, math.ceil(sequences / waves_of[what])) if drawn_of else 1
+        return waves * generation_floor(pol, k, sequences / waves, *decode(sequences / waves, what))
 
     def gen_time(sequences: float, what: str = "step") -> float:
         wave = waves_of[what]
         waves = max(1, math.ceil(sequences / wave))
         live = sequences / waves
-        bytes_s = generation_floor(pol, k, live, p, n) / n / cal[f"{name}_bw"]
+        prompt, new = decode(live, what)
+        bytes_s = generation_floor(pol, k, live, prompt, new) / new / cal[f"{name}_bw"]
         per_step = (max(cal["vllm_step_ms"] / 1e3 + cal["vllm_seq_ms"] / 1e3 * live, bytes_s) if name == "vllm"
                     else (cal["hf_layer_ms"] * pol.layers + cal["hf_logit_ns"] * 1e-6 * live * pol.vocab) / 1e3 + bytes_s)
-        return waves * n * per_step
+        return waves * new * per_step
 
-    def reward_floor(sequences: float) -> float:
-        return forward_floor(rm, k, sequences * ctx, ctx) if rm else 0.0
+    def reward_floor(sequences: float, what: str = "step") -> float:
+        if not rm:
+            return 0.0
+        if not drawn_of:
+            return forward_floor(rm, k, sequences * ctx, ctx)
+        d = drawn_of[what]
+        return forward_floor(rm, k, sequences * d.sequence / (1 - d.pad_reward), d.context)
 
     # reward.kernels liger (auto: where liger-kernel is installed, as the planner assumes) has its own efficiency
     rm_eff = cal["reward_liger"] if recipe.reward.kernels in ("liger", "auto") else cal["reward"]
@@ -242,16 +473,16 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     floors = {
         "generate": gen_floor(seqs),
         "reward": reward_floor(seqs),
-        "reference": forward_floor(pol, k, tokens, ctx) if recipe.kl.beta > 0 else 0.0,
-        "train": train_floor(pol, k, tokens, ctx, lora=lora, checkpointed=layers_ckpt),
+        "reference": forward_floor(pol, k, tokens, attention) if recipe.kl.beta > 0 else 0.0,
+        "train": train_floor(pol, k, tokens, attention, lora=lora, checkpointed=layers_ckpt),
         "sync": 2 * 2 * pol.params / k.bandwidth if name == "vllm" else 0.0,
     }
     micro = math.ceil(seqs / recipe.optim.micro_batch_size)
     zero = 0.0 if gpus == 1 else micro * (cal["zero3_micro_s"] if recipe.backend.zero_stage == 3 else cal["zero2_micro_s"])
     # launching the kernels: a forward's passes over the layers of each micro-batch (teacli.train.update.shares_prompts:
-    # the shared-prompt path, two passes, where nothing is checkpointed); training: the backward's two more, the recompute;
+    # the shared-prompt path, two passes, checkpointed or not); training: the backward's two more, the recompute;
     # and training's least time a micro-batch, whatever its passes
-    passes = 2 if recipe.optim.share_prompts and layers_ckpt == 0 else 1
+    passes = 2 if recipe.optim.share_prompts else 1
     launch = micro * pol.layers * passes * cal["layer_ms"] / 1e3
     seconds = {
         "generate": gen_time(seqs),
@@ -262,8 +493,8 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
         "sync": floors["sync"] / cal["vllm_bw"],
     }
     val_seqs = math.ceil(v.prompts / gpus) * v.samples if v.enabled else 0  # each GPU validates its share of the prompts
-    floors["validation"] = gen_floor(val_seqs) + reward_floor(val_seqs)
-    seconds["validation"] = gen_time(val_seqs, "validation") + reward_floor(val_seqs) / rm_eff if val_seqs else 0.0
+    floors["validation"] = gen_floor(val_seqs, "validation") + reward_floor(val_seqs, "validation")
+    seconds["validation"] = gen_time(val_seqs, "validation") + reward_floor(val_seqs, "validation") / rm_eff if val_seqs else 0.0
     # the hf engine's compiled decode step compiles once for each batch size it meets: the step's, then the first
     # validation's waves that the step did not have (the validation's own time above is every later one's)
     compiled = name == "hf" and r.compile in (True, "auto")
@@ -285,14 +516,71 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
              + validations * seconds["validation"] + saves * seconds["checkpoint"])
     prompts = eval_prompts or _split_size(recipe.eval.split, recipe.data.dir)
     eval_seqs = prompts * M  # tea eval-bon runs on one GPU
-    eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs, "eval") + reward_floor(eval_seqs) / rm_eff if prompts else 0.0
+    eval_s = cal[f"setup_{name}_s"] + gen_time(eval_seqs, "eval") + reward_floor(eval_seqs, "eval") / rm_eff if prompts else 0.0
     fits = memory["peak"] <= FIT_SHARE * k.memory_gib
     if recipe.reward.kind in ("lm_judge", "remote"):
         notes.append(f"{recipe.name}: reward.kind {recipe.reward.kind}'s scoring is not priced (0 s in the step, validation and eval-bon)")
     if not fits:
         notes.append(f"does not fit: {memory['peak']:.1f} GiB a GPU, more than {FIT_SHARE:.0%} of {k.memory_gib:.1f}; more GPUs shard ZeRO-3 states "
                      "(backend.zero_stage: 3), or backend.offload_optimizer: true")
-    return Estimate(recipe.name, k, gpus, name, floors, seconds, memory, steps, validations, run_s, eval_s, fits, notes)
+    padding = {}
+    if drawn_of:
+        step = drawn_of["step"]
+        padding = {"reward": step.pad_reward if rm else 0.0, "train": step.pad_train}
+        wave_prompt, wave_steps = decode(seqs / max(1, math.ceil(seqs / waves_of["step"])), "step")
+        notes.insert(0, f"lengths {_lengths_name(lengths)}: prompts {step.prompt:.0f} and responses {step.response:.0f} tokens "
+                        f"on average (cut at {n}); a step's generation decodes {wave_steps:.0f} steps a wave (its longest "
+                        f"response) over prompts left-padded to {wave_prompt:.0f}; padding "
+                        + (f"{padding['reward']:.1%} of the reward model's tokens, " if rm else "")
+                        + f"{padding['train']:.1%} of the reference's and training's (metrics.jsonl pad_frac_*); "
+                        f"peak memory at the longest sequence, {recipe.data.max_prompt_tokens} + {n} tokens")
+    return Estimate(recipe.name, k, gpus, name, floors, seconds, memory, steps, validations, run_s, eval_s, fits, notes,
+                    padding)
+
+
+def _lengths_name(lengths: Lengths) -> str:
+    if lengths == Lengths():
+        return "realistic (rehearsal.lengths)"
+    return (f"of means {lengths.prompt_median * math.exp(PROMPT_SIGMA**2 / 2):.0f},"
+            f"{lengths.response_median * math.exp(RESPONSE_SIGMA**2 / 2):.0f} (--lengths)")
+
+
+# Split placement (rollout.colocated: false): the weights broadcast from trainer rank 0 to the generation ranks after
+# each update. Assumed, not measured (no launch of several GPUs was lent to measure it): NCCL's broadcast of bf16 weights
+# over NVLink at this many GB/s.
+SPLIT_TRANSFER_GBPS = 100.0
+
+
+def layouts(recipe: "Recipe", gpus: int, card: "str | Card" = "h100", **options: Any) -> dict[str, float]:
+    """Predicted seconds a step in each placement of `gpus` cards: "colocated", and "split k" for k = 1 … gpus−1
+    generation ranks (rollout.colocated: false). A split step's phases come from the same model on the cards each side
+    holds: generation and reward (and, one step off, the behaviour log-probs: a reference pass) on k, reference and
+    training on gpus−k, and the transfer of the bf16 weights (SPLIT_TRANSFER_GBPS). rollout.max_staleness 1 overlaps
+    the two sides, step = max(generation, training) + transfer; 0 runs them in turn, generation + training + transfer."""
+    import dataclasses
+
+    colocated = dataclasses.replace(recipe, rollout=dataclasses.replace(recipe.rollout, colocated=True))
+    out = {"colocated": estimate(colocated, gpus=gpus, card=card, **options).step_s}
+    if gpus < 2:
+        return out
+    transfer = 2 * model_shape(recipe.policy.name_or_path, "policy").params / (SPLIT_TRANSFER_GBPS * 1e9)
+    for k in range(1, gpus):
+        gen = estimate(colocated, gpus=k, card=card, engine="hf", **options).seconds
+        train = estimate(colocated, gpus=gpus - k, card=card, **options).seconds
+        g = gen["generate"] + gen["reward"] + (gen["reference"] if recipe.rollout.max_staleness else 0.0)
+        t = train["reference"] + train["train"]
+        out[f"split {k}"] = (max(g, t) if recipe.rollout.max_staleness else g + t) + transfer
+    return out
+
+
+def layout_note(recipe: "Recipe", gpus: int, card: "str | Card" = "h100", **options: Any) -> str:
+    """The line `--estimate` prints on several GPUs: each placement's predicted step and the one it would pick."""
+    steps = layouts(recipe, gpus, card, **options)
+    best = min(steps, key=steps.get)
+    pick = "colocated (rollout.colocated: true)" if best == "colocated" else (
+        f"generation on {best.split()[1]} of the {gpus} GPUs (rollout.colocated: false, rollout.generation_ranks: {best.split()[1]})")
+    return (f"placement at rollout.max_staleness {recipe.rollout.max_staleness}, predicted step: "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()) + f"; it would pick {pick}")
 
 
 def _wave_sizes(sequences: int, batch_size: int) -> set[int]:

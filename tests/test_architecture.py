@@ -46,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"eval", "rundir", "monitors", "tables", "config"},  # eval: its stats.py; config: seeds of one method compare as the schema resolves them
     "diagnostics": {"advantages", "config", "types", "models", "logprobs", "rewards", "rollout", "data", "rundir", "eval", "session", "tables"},
     "study": {"config", "rundir", "data", "eval"},  # eval: the N an evaluation reports and the bootstrap's bounds (eval/stats.py)
-    "planner": {"config", "standins", "memory", "rollout", "data"},  # rollout: engine auto's rule; data: a packaged prompt set's split sizes
+    "planner": {"config", "standins", "memory", "rollout", "data", "padding"},  # rollout: engine auto's rule; data: a packaged prompt set's split sizes; padding: the batch cuts it prices at realistic lengths
 }
 # Units that import nothing heavier than the standard library, numpy, scipy, torch, matplotlib (plots) and PyYAML
 # (docs/architecture.md), and two such modules of heavier units.

@@ -386,6 +386,40 @@ def test_execution_keys_are_told_apart_from_what_defines_the_experiment():
         assert not is_execution_key(key), key
 
 
+def test_a_key_the_recipe_does_not_read_is_no_change():
+    """APPLIES_WHEN names each reward key with the kinds that read it: recipe_changes (resume, a base arm, a study's
+    trained runs, the report's seeds) passes over a key that either recipe does not read, and applicable drops it; a
+    key both read still differs, and a tree without the deciding key counts the key as read."""
+    import copy
+    import typing
+
+    from teacli.config import APPLIES_WHEN, RewardConfig, applicable, applies, recipe_changes
+
+    keys = {key for key, _, _, _ in field_docs(Recipe)}
+    kinds = typing.get_args(typing.get_type_hints(RewardConfig)["kind"])
+    for key, (decider, values) in APPLIES_WHEN.items():
+        assert key in keys and decider in keys and set(values) <= set(kinds), key
+    # a reward key added must say which kinds read it (a key every kind reads: leave it out here)
+    assert {k for k in keys if k.startswith("reward.")} - set(APPLIES_WHEN) == {"reward.kind"}
+
+    rule = Recipe().to_dict()
+    assert rule["reward"]["kind"] == "rule"
+    other = copy.deepcopy(rule)
+    other["reward"].update(kernels="eager", share_prompts=False, batch_size=3, url="http://x", judge_template="{prompt}")
+    assert recipe_changes(rule, other) == {}
+    other["reward"]["params"] = {"tolerance": 1.0}  # the rule reads its params
+    assert recipe_changes(rule, other) == {"reward.params.tolerance": (None, 1.0), "reward.params": ({}, None)}
+    hf = copy.deepcopy(rule)
+    hf["reward"].update(kind="hf", name_or_path="rm")
+    eager = copy.deepcopy(hf)
+    eager["reward"]["kernels"] = "eager"
+    assert recipe_changes(hf, eager) == {"reward.kernels": ("auto", "eager")}
+    assert recipe_changes(rule, eager) == {"reward.kind": ("rule", "hf")}  # what only one of them reads is no change
+    assert "kernels" not in applicable(rule)["reward"] and applicable(hf)["reward"]["kernels"] == "auto"
+    assert rule["reward"]["kernels"] == "auto" and "params" not in applicable(hf)["reward"]  # a copy
+    assert applies("reward.kernels", {"reward": {}}) and applies("optim.lr", rule) and not applies("reward.params.tolerance", hf)
+
+
 def test_canonical_tree_fills_keys_an_older_recipe_yaml_lacks():
     """A run's recipe.yaml written before a key existed compares equal, through canonical_tree, to one written
     since with the key at its default; a differing value still differs; a tree that does not build is None."""

@@ -73,6 +73,9 @@ def test_the_table_ends_at_todays_defaults_and_names_real_keys():
     # the history recorded (CHANGELOG, git log): policy.kernels did not exist before fused kernels, auto since version 2
     assert (schema_default("policy.kernels", 1), schema_default("policy.kernels", 2)) == ("eager", "auto")
     assert default_changes(1, 2) == {"policy.kernels": ("eager", "auto")} and default_changes(2, 2) == {}
+    # reward.kernels: eager from its start, auto since version 3 (liger where it runs; a rule reward does not read it)
+    assert [schema_default("reward.kernels", v) for v in (1, 2, 3)] == ["eager", "eager", "auto"]
+    assert default_changes(2, 3)["reward.kernels"] == ("eager", "auto") == default_changes(1, 3)["reward.kernels"]
 
 
 def test_a_key_reads_at_its_entry_up_to_the_version_else_its_first(monkeypatch):

@@ -147,18 +147,114 @@ def test_shared_prompts_equal_concatenated_sequences(tok, attention):
         torch.testing.assert_close(g_shared[name], g_whole[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_shared_prompts_not_with_checkpointing_or_plain_models(tok):
+def test_shared_prompts_not_with_reentrant_checkpointing_or_plain_models(tok):
     from teacli.logprobs import can_share_prompts, shared_prompt_logprobs
 
     model = make_causal_lm(tok).float().train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert not can_share_prompts(model)  # transformers drops the cache of a checkpointed layer
+    assert can_share_prompts(model)  # non-reentrant, tea's: the shared path keeps the cache (issue 45)
+    # Reentrant checkpointing passes gradients only to a layer's tensor arguments, not to the prompt's keys and values
+    # it reads from the cache: not shared.
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    assert not can_share_prompts(model)
+    one = torch.ones(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="can_share_prompts"):
+        shared_prompt_logprobs(model, one, one, torch.zeros(1, dtype=torch.long), one, one)
     capped = make_causal_lm(tok).float()
     capped.config.final_logit_softcapping = 30.0
     assert not can_share_prompts(capped) and not can_share_prompts(make_causal_lm(tok), fused="plain")
     with pytest.raises(ValueError, match="can_share_prompts"):
         one = torch.ones(1, 2, dtype=torch.long)
         shared_prompt_logprobs(capped, one, one, torch.zeros(1, dtype=torch.long), one, one)
+
+
+class TokenCount:
+    """Counts the tokens each decoder layer's forward runs, and its calls in backward (a checkpointed layer's
+    recomputation), through forward pre-hooks (a recomputation stops once it has what backward needs, before a
+    forward hook would run)."""
+
+    def __init__(self, model):
+        from teacli.models import checkpointable_layers
+
+        self.forward, self.backward, self.in_backward = 0, 0, False
+        self.handles = [layer.register_forward_pre_hook(self.hook) for layer in checkpointable_layers(model)]
+
+    def hook(self, _module, args):
+        if self.in_backward:
+            self.backward += 1
+        else:
+            self.forward += args[0].shape[0] * args[0].shape[1]
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("layers", [3, 1])
+def test_shared_prompts_with_checkpointed_layers_equal_concatenated_sequences(tok, layers, attention):
+    """Issue 45: with every layer (3 of 3) or the first one gradient-checkpointed, the shared-prompt path gives the
+    log-probs and parameter gradients of the whole sequences (float32), the same as it gives without checkpointing,
+    runs each prompt once (a forward hook counts the tokens every layer ran) and does recompute the checkpointed
+    layers in backward, both passes. Left-padded prompts of 5, 8 and 3 tokens, three groups in the micro-batch.
+    Before: transformers dropped the cache in a checkpointed layer and the completions did not see their prompt."""
+    from teacli.logprobs import can_share_prompts, shared_prompt_logprobs
+    from teacli.models import attention_implementation, set_gradient_checkpointing
+    from teacli.train.batching import pack, pack_shared
+
+    prompts, completions = shared_batch()
+    input_ids, attn, cmask, lp = pack(prompts, completions, tok.pad_token_id, "cpu")
+    p_ids, p_mask, row_of, c_ids, c_mask = pack_shared(prompts, completions, tok.pad_token_id, "cpu")
+    weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(4))
+
+    def run(model, forward):
+        model.zero_grad(set_to_none=True)
+        count = TokenCount(model)
+        value = forward(model)
+        count.in_backward = True
+        (value * weights).sum().backward()
+        count.remove()
+        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, count
+
+    whole_run = lambda m: token_logprobs(m, input_ids, attn, lp)  # noqa: E731
+    shared_run = lambda m: shared_prompt_logprobs(m, p_ids, p_mask, row_of, c_ids, c_mask)  # noqa: E731
+    plain = make_causal_lm(tok, num_hidden_layers=3).float().train()
+    model = make_causal_lm(tok, num_hidden_layers=3).float().train()
+    set_gradient_checkpointing(model, layers)
+    assert can_share_prompts(model)
+    with attention_implementation(plain, attention), attention_implementation(model, attention):
+        whole, g_whole, _ = run(model, whole_run)
+        unckpt, g_unckpt, _ = run(plain, shared_run)
+        shared, g_shared, count = run(model, shared_run)
+    valid = cmask.bool()
+    assert (shared[~valid] == 0).all() and (shared[valid] < 0).all()
+    torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
+    assert g_whole.keys() == g_shared.keys() and "model.embed_tokens.weight" in g_shared
+    for name in g_whole:
+        torch.testing.assert_close(g_shared[name], g_whole[name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(g_shared[name], g_unckpt[name], rtol=1e-6, atol=1e-6, msg=name)
+    torch.testing.assert_close(shared, unckpt, rtol=0, atol=1e-6)
+    # every layer ran the 3 prompts once (8 columns) and the 6 completions' first 5 tokens, not 6 x (8 + 6)
+    assert count.forward == 3 * (3 * 8 + 6 * 5) < 3 * 6 * (8 + 6) == input_ids.numel() * 3
+    assert count.backward == 2 * layers  # each checkpointed layer recomputed once a pass: prompts, completions
+
+
+def test_shared_reference_on_a_checkpointed_policy_in_train_mode(tok):
+    """The reference's forward without gradients on the training policy (LoRA's adapters-disabled reference runs it in
+    train mode, checkpointed layers and all): the shared path gives the whole sequences' log-probs."""
+    from teacli.logprobs import shared_prompt_logprobs
+    from teacli.models import set_gradient_checkpointing
+    from teacli.train.batching import pack, pack_shared
+
+    prompts, completions = shared_batch()
+    input_ids, attn, _, lp = pack(prompts, completions, tok.pad_token_id, "cpu")
+    p_ids, p_mask, row_of, c_ids, c_mask = pack_shared(prompts, completions, tok.pad_token_id, "cpu")
+    model = make_causal_lm(tok, num_hidden_layers=3).float().train()
+    set_gradient_checkpointing(model, 2)
+    with torch.no_grad():
+        whole = token_logprobs(model, input_ids, attn, lp)
+        shared = shared_prompt_logprobs(model, p_ids, p_mask, row_of, c_ids, c_mask)
+    torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
 
 
 def test_nan_safe_sdpa_mask_unmasks_only_rows_with_no_key():

@@ -4,6 +4,7 @@ Expected values are worked out here from the shapes and the formulas in the modu
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -168,6 +169,30 @@ def test_one_step_off_holds_the_samplers_copy_and_generates_while_it_trains():
     assert m["peak"] == pytest.approx(held + m["sampler"] + m["generation"] + m["train_activations"])
     assert "the off-policy sampler's copy" in planner.format_estimate(off)
 
+def test_split_placement_is_priced_from_each_sides_phases_and_the_best_layout_named():
+    """rollout.colocated false on W GPUs: generation and reward on k (and one step off the behaviour pass), reference and
+    training on W-k, plus the weights' transfer; staleness 0 adds the sides, 1 overlaps them."""
+    from teacli.config import find_recipe, load_recipe
+
+    r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
+    transfer = 2 * _shape("meta-llama--Llama-3.2-1B-Instruct").params / (planner.SPLIT_TRANSFER_GBPS * 1e9)
+    gen = planner.estimate(r, gpus=2, card="h200", engine="hf").seconds
+    train = planner.estimate(r, gpus=6, card="h200").seconds
+    g, t = gen["generate"] + gen["reward"], train["reference"] + train["train"]
+    on = planner.layouts(r, 8, "h200")
+    assert list(on) == ["colocated", *(f"split {k}" for k in range(1, 8))]
+    assert on["colocated"] == pytest.approx(planner.estimate(r, gpus=8, card="h200").step_s)
+    assert on["split 2"] == pytest.approx(g + t + transfer)
+    r.rollout.max_staleness = 1
+    off = planner.layouts(r, 8, "h200")
+    assert off["split 2"] == pytest.approx(max(g + gen["reference"], t) + transfer)
+    assert all(off[k] <= on[k] for k in on if k != "colocated")
+    assert planner.layouts(r, 1, "h200").keys() == {"colocated"}
+    best = min(off, key=off.get)
+    assert planner.layout_note(r, 8, "h200").endswith("colocated (rollout.colocated: true)" if best == "colocated"
+                                                      else f"rollout.generation_ranks: {best.split()[1]})")
+
+
 def test_auto_engine_rule():
     from teacli.rollout.factory import VLLM_MAX_SEQUENCES, VLLM_MIN_PARAMS, auto_engine
 
@@ -308,12 +333,14 @@ def test_the_1b_trains_host_bound_at_micro_batches_of_8(micro, checkpointing):
     """The 1B recipe on one H200 (results/performance/2026-11-28-h200x2-micro/): at micro-batches of 8 its training takes
     64 x train_micro_s, checkpointed or not (more than its FLOPs at the compute efficiency, and more than its launches:
     64 x 16 x layer_ms x 4 passes checkpointed, x 2 x 3 on the shared-prompt path without); from 16 on, its FLOPs'
-    time. Its reference at 8: the larger of 64 x 16 x layer_ms (x 2 passes without checkpointing) and its FLOPs'."""
+    time. Its reference at 8: the larger of 64 x 16 x layer_ms (x 2 passes without checkpointing) and its FLOPs'.
+    Those runs shared prompts only without checkpointing (before issue 45), as the recipes here do."""
     from teacli.config import find_recipe, load_recipe
 
     cal = planner.CALIBRATION
     r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
     r.optim.micro_batch_size, r.policy.gradient_checkpointing = micro, checkpointing
+    r.optim.share_prompts = not checkpointing
     e = planner.estimate(r, card="h200", engine="hf")
     n = 512 // micro
     compute = e.floors["train"] / cal["train"]
@@ -324,6 +351,22 @@ def test_the_1b_trains_host_bound_at_micro_batches_of_8(micro, checkpointing):
         assert e.seconds["train"] == pytest.approx(64 * cal["train_micro_s"])
     else:
         assert e.seconds["train"] == pytest.approx(compute)
+    assert e.seconds["reference"] == pytest.approx(max(e.floors["reference"] / cal["reference"], launch))
+
+
+def test_shared_prompts_launch_two_passes_with_checkpointing_too():
+    """optim.share_prompts runs the prompts, then the completions, checkpointed layers or not (issue 45): two passes a
+    forward. The 1B at micro-batches of 8, every layer checkpointed: 64 x 16 x 2 x layer_ms x (1 + 2 + 1 recompute),
+    more than its micro-batches' least time; its reference 64 x 16 x 2 x layer_ms."""
+    from teacli.config import find_recipe, load_recipe
+
+    cal = planner.CALIBRATION
+    r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
+    r.optim.micro_batch_size, r.policy.gradient_checkpointing, r.optim.share_prompts = 8, True, True
+    e = planner.estimate(r, card="h200", engine="hf")
+    launch = 64 * 16 * 2 * cal["layer_ms"] / 1e3
+    assert e.seconds["train"] == pytest.approx(max(e.floors["train"] / cal["train"], launch * 4, 64 * cal["train_micro_s"]))
+    assert e.seconds["train"] == pytest.approx(launch * 4)
     assert e.seconds["reference"] == pytest.approx(max(e.floors["reference"] / cal["reference"], launch))
 
 
@@ -363,7 +406,8 @@ def test_a_small_kv_cache_means_more_waves_of_generation():
     per_step = max(cal["vllm_step_ms"] / 1e3 + cal["vllm_seq_ms"] / 1e3 * live,
                    planner.generation_floor(shape, card, live, p, n) / n / cal["vllm_bw"])
     reward_floor = e.floors["validation"] - planner.generation_floor(shape, card, seqs, p, n)
-    assert e.seconds["validation"] == pytest.approx(waves * n * per_step + reward_floor / cal["reward"])
+    rm_eff = cal["reward_liger"] if r.reward.kernels in ("liger", "auto") else cal["reward"]  # auto: liger where installed
+    assert e.seconds["validation"] == pytest.approx(waves * n * per_step + reward_floor / rm_eff)
     roomy = copy.deepcopy(r)
     roomy.rollout.kv_cache_gib = 30.0  # room for every sequence: one wave
     assert planner.estimate(roomy, gpus=2, card=planner.CARDS["h200"], engine="vllm").seconds["validation"] < e.seconds["validation"]
@@ -472,8 +516,124 @@ def test_reward_liger_is_what_the_reward_benchmark_measured():
     assert float(liger["floor s"]) / float(liger["score s"]) == pytest.approx(planner.CALIBRATION["reward_liger"], rel=0.01)
     assert float(eager["score s"]) / float(liger["score s"]) > 1.15
     r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
-    assert r.reward.kernels == "eager"
-    fused = copy.deepcopy(r)
-    fused.reward.kernels = "liger"
-    e, f = (planner.estimate(x, gpus=1, card="h200", engine="hf") for x in (r, fused))
+    assert r.reward.kernels == "auto"  # the default: liger where it is installed, as the planner assumes
+    eager, fused = copy.deepcopy(r), copy.deepcopy(r)
+    eager.reward.kernels, fused.reward.kernels = "eager", "liger"
+    e, f, auto = (planner.estimate(x, gpus=1, card="h200", engine="hf") for x in (eager, fused, r))
+    assert auto.seconds["reward"] == f.seconds["reward"]
     assert e.seconds["reward"] / f.seconds["reward"] == pytest.approx(planner.CALIBRATION["reward_liger"] / planner.CALIBRATION["reward"])
+
+
+# -- realistic lengths (rehearsal.lengths: realistic, --lengths) ---------------------------------------------------------
+
+def _uf_llama1b(*overrides: str):
+    from teacli.config import find_recipe, load_recipe
+
+    return load_recipe(find_recipe("uf_llama1b_tea"), list(overrides), runnable=False)
+
+
+def test_the_fixed_estimate_is_what_it_was_whatever_lengths_option_names_it():
+    fixed = planner.estimate(_uf_llama1b(), card="h200")
+    assert planner.estimate(_uf_llama1b(), card="h200", lengths="fixed") == fixed
+    assert planner.estimate(_uf_llama1b("rehearsal.lengths=realistic"), card="h200", lengths="fixed") == fixed
+    assert fixed.padding == {}
+
+
+def test_the_mean_of_a_clipped_log_normal_is_exact():
+    """Lengths.means: the closed form against a large sample of the rehearsal's own draws (rounded, clipped)."""
+    import statistics
+
+    from teacli.standins import PROMPT_MIN, prompt_lengths, response_lengths
+
+    prompt, response = planner.Lengths().means(1024, 512)  # a sample's mean is within ~0.5% (one standard error 0.2%)
+    assert prompt == pytest.approx(statistics.mean(prompt_lengths(200_000, "mean", PROMPT_MIN, 1024)), rel=0.01)
+    assert response == pytest.approx(statistics.mean(min(512, x) for x in response_lengths(1, 200_000)), rel=0.01)
+    # uncut, the means the module docstring of teacli.standins gives (≈ 225, less than 1% above it from the clip at
+    # PROMPT_MIN, and ≈ 320): median × exp(log-sd² / 2)
+    uncut = planner.Lengths().means(10**9, 10**9)
+    assert uncut == pytest.approx((150 * math.exp(0.9**2 / 2), 250 * math.exp(0.7**2 / 2)), rel=0.01)
+    assert uncut[1] == pytest.approx(250 * math.exp(0.7**2 / 2), rel=1e-6)
+    # a user's means are the uncut means of the same shapes
+    assert planner.Lengths.from_means(400, 600).means(10**9, 10**9) == pytest.approx((400, 600), rel=1e-3)
+    assert planner.parse_lengths("225,320") == planner.Lengths.from_means(225, 320)
+    with pytest.raises(ValueError, match="^--lengths: '4x' is not fixed, realistic or two mean token counts"):
+        planner.parse_lengths("4x")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_planners_train_padding_is_what_the_trainer_computes(shared):
+    """`_train_padding` on drawn lengths is the padding teacli/train/batching.py's own cut and count give the same
+    sequences (what metrics.jsonl pad_frac_train records)."""
+    from teacli.train.batching import micro_batches, padding
+
+    p, r = planner.Lengths().draw(8, 64, 3, 1024, 512)
+    seq_prompt = [[g] * p[g] for g in range(8) for _ in range(64)]  # distinct prompts: distinct token lists
+    seq_comp = [[0] * x for x in r]
+    batches = micro_batches([len(a) + len(b) for a, b in zip(seq_prompt, seq_comp)], 16,
+                            [g for g in range(8) for _ in range(64)] if shared else None)
+    assert planner._train_padding(p, r, 64, 16, shared) == padding(seq_prompt, seq_comp, batches, shared)
+
+
+def test_the_reward_models_padding_worked_by_hand():
+    """Two prompts of 10 and 4 tokens, two responses each (3, 1 and 5, 2), batches of 2. Shared: one block of both
+    prompts, left-padded to 10 (6 padding of 20); the responses longest first, [5, 3, 2, 1] on 10 columns of prompt,
+    cut as teacli.padding.batch_sizes cuts widths [15, 13, 12, 11] under 2 × 15 tokens: [2, 2] (a batch of 3 would hold
+    3 × 13 > 30), so 2 × 5 (2 padding) and 2 × 2 (1). Whole conversations [13, 11, 9, 6], cap 26: [2, 2], 2 × 13
+    (2 padding) and 2 × 9 (3)."""
+    assert planner._reward_padding([10, 4], [3, 1, 5, 2], 2, 2, True) == (6 + 2 + 1, 20 + 10 + 4)
+    assert planner._reward_padding([10, 4], [3, 1, 5, 2], 2, 2, False) == (2 + 3, 26 + 18)
+
+
+def test_realistic_lengths_price_the_mean_sequence_its_padding_and_the_longest_response():
+    """At rehearsal.lengths: realistic (uf_llama1b_tea on one H200, hf engine): reward, reference and training are
+    the fixed formulas at the drawn lengths' mean sequence with the padding's share on top and attention over the
+    token-weighted mean length; generation decodes a wave's longest response over its longest prompt; memory is
+    priced at the longest sequence a run holds (data.max_prompt_tokens + rollout.max_new_tokens)."""
+    from teacli.standins import model_shape
+    from teacli.train.batching import micro_batches, padding
+
+    recipe = _uf_llama1b("rehearsal.lengths=realistic")
+    e = planner.estimate(recipe, card="h200")
+    card, cal = planner.CARDS["h200"], planner.CALIBRATION
+    pol = model_shape("meta-llama/Llama-3.2-1B-Instruct", "policy")
+    rm = model_shape(recipe.reward.name_or_path, "reward", classifier=True)
+    P, m, n, seqs = 8, 64, 512, 512
+    draws = [planner.Lengths().draw(P, m, seed, 1024, n) for seed in range(planner.LENGTH_DRAWS)]
+    groups = [g for g in range(P) for _ in range(m)]
+    pad = tot = rpad = rtot = whole = squares = 0
+    for p, r in draws:
+        seq_prompt, seq_comp = [[g] * p[g] for g in groups], [[0] * x for x in r]
+        a, b = padding(seq_prompt, seq_comp, micro_batches([p[g] + x for g, x in zip(groups, r)], 16, groups), True)
+        pad, tot = pad + a, tot + b
+        a, b = planner._reward_padding(p, r, m, 32, True)
+        rpad, rtot = rpad + a, rtot + b
+        lengths = [p[g] + x for g, x in zip(groups, r)]
+        whole, squares = whole + sum(lengths), squares + sum(x * x for x in lengths)
+    mean = sum(planner.Lengths().means(1024, n))
+    context = squares / whole
+    train_tokens = seqs * mean / (1 - pad / tot)
+    assert e.padding == pytest.approx({"reward": rpad / rtot, "train": pad / tot})
+    assert e.floors["reward"] == pytest.approx(rm.forward_flops(seqs * mean / (1 - rpad / rtot), context) / card.peak_flops)
+    assert e.floors["reference"] == pytest.approx(pol.forward_flops(train_tokens, context) / card.peak_flops)
+    assert e.floors["train"] == pytest.approx(e.floors["reference"] * (1 + 2 + 1))  # every layer checkpointed
+    # generation: one wave of all 512 sequences; it decodes its longest response, its rows as long as its longest prompt
+    longest_p = sum(max(p) for p, _ in draws) / len(draws)
+    longest_r = sum(max(r) for _, r in draws) / len(draws)
+    assert longest_r == n  # 512 draws: one at least is cut at max_new_tokens (P(> 512) ≈ 15% each)
+    bytes_s = planner.generation_floor(pol, card, seqs, longest_p, longest_r) / longest_r / cal["hf_bw"]
+    per_step = (cal["hf_layer_ms"] * pol.layers + cal["hf_logit_ns"] * 1e-6 * seqs * pol.vocab) / 1e3 + bytes_s
+    assert e.seconds["generate"] == pytest.approx(longest_r * per_step)
+    assert e.floors["generate"] == pytest.approx(planner.generation_floor(pol, card, seqs, longest_p, longest_r))
+    fixed = planner.estimate(_uf_llama1b(), card="h200")
+    assert e.memory_gib["train_activations"] == pytest.approx(fixed.memory_gib["train_activations"] * (1024 + 512) / (256 + 512))
+    assert e.step_s < fixed.step_s and e.notes[0].startswith("lengths realistic (rehearsal.lengths): prompts ")
+
+
+def test_estimate_lengths_option(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "teacli.cli", "train", "uf_llama1b_tea", "--estimate", "--card", "h200",
+                          "--lengths", "225,320"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "lengths of means 225,320 (--lengths): prompts " in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "teacli.cli", "train", "uf_llama1b_tea", "--lengths", "realistic"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--lengths applies only with --estimate" in bad.stderr

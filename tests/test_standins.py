@@ -234,3 +234,36 @@ def test_realistic_stand_in_prompts_have_the_drawn_lengths_and_engines_end_respo
         end_responses(recipe, object())
     fixed = load_recipe(find_recipe("quickstart"), ["rehearsal.enabled=true"])
     end_responses(fixed, object())  # fixed lengths: nothing to do, whatever the engine
+
+
+def test_eval_bon_of_a_realistic_rehearsal_ends_each_response_at_its_drawn_length(tmp_path, monkeypatch):
+    """`tea eval-bon` on a run rehearsed with rehearsal.lengths: realistic samples as its training did: the stand-in
+    prompts of drawn lengths (the data the run's recipe gives) and each response ending with EOS at the length
+    `response_lengths` draws from the engine call's seed, cut at rollout.max_new_tokens, not every one run to it."""
+    from teacli.eval.bon import call_groups, evaluate, group_seed, read_records
+    from teacli.standins import response_lengths
+
+    monkeypatch.setenv("TEA_CACHE", str(tmp_path / "cache"))
+    policy = _tiny_config_dir(tmp_path / "policy")
+    recipe = json.loads(json.dumps(TINY_RECIPE))
+    recipe.update(name="tiny_real", seed=5, data={"dir": str(tmp_path / "no-data-needed"), "max_prompt_tokens": 64})
+    recipe["policy"]["name_or_path"] = str(policy)
+    recipe["rollout"].update(max_new_tokens=300, batch_size=8)
+    recipe["rehearsal"] = {"enabled": True, "lengths": "realistic", "eval_prompts": 3}
+    recipe["eval"] = {"split": "core250"}
+    run = tmp_path / "runs" / "tiny_real"
+    run.mkdir(parents=True)
+    write_recipe(run / "recipe.yaml", recipe)
+    M = 4
+    evaluate(run, M=M, checkpoint="base")
+    records = read_records(run / "eval" / "base" / f"core250-M{M}.jsonl")
+    order = [json.loads(x)["prompt_id"] for x in (run / "eval" / "base" / "core250.prompts.jsonl").read_text().splitlines()]
+    want = {}
+    for members in call_groups(order, M, 8):  # one engine call: its seed draws a length for each of its rows
+        drawn = response_lengths(group_seed(5, [order[i] for i in members]), len(members) * M)
+        for j, i in enumerate(members):
+            for s in range(M):
+                want[(order[i], s)] = min(300, drawn[j * M + s])
+    got = {(r["prompt_id"], r["sample"]): r["tokens"] for r in records}
+    assert got == want and len(got) == 3 * M
+    assert min(got.values()) < 300  # some end before the cut (random weights alone would run every one to it)

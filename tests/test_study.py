@@ -195,6 +195,33 @@ def test_a_run_trained_under_a_default_changed_since_stops_the_plan_naming_it(tm
     assert [st.label for st in plan(load_study(study))][:3] == ["train q-s0", "eval-bon q-s0", "train q-s1"]
 
 
+@pytest.mark.parametrize("reward", ["{kind: rule}", "{kind: hf, name_or_path: some/rm}"])
+def test_a_run_recorded_before_reward_kernels_auto_stops_the_plan_only_where_the_reward_reads_it(tmp_path, reward):
+    """reward.kernels was eager up to tea_schema 2 and is auto since 3. A seed recorded under version 2 with eager: for a
+    rule reward, which never reads the key (config.APPLIES_WHEN), the plan goes on and its later seeds pool with it; for
+    an hf reward model, which scored it eager, the plan stops with one line naming the key, as for policy.kernels."""
+    from teacli.config import SCHEMA_KEY, load_recipe, schema_default, to_yaml
+
+    recipe, study = tmp_path / "q.yaml", tmp_path / "s.yaml"
+    recipe.write_text(f"base: quickstart\nname: q\nreward: {reward}\n")
+    study.write_text(f"recipes: [{recipe}]\nseeds: [0, 1]\neval: {{split: core500, n: 16}}\nruns_dir: {tmp_path / 'runs'}\n")
+    tree = yaml.safe_load(to_yaml(load_recipe(recipe)))
+    assert tree["reward"]["kernels"] == "auto" != schema_default("reward.kernels", 2)
+    tree[SCHEMA_KEY], tree["reward"]["kernels"] = 2, schema_default("reward.kernels", 2)
+    run = tmp_path / "runs" / "q-s0"
+    run.mkdir(parents=True)
+    (run / "recipe.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    res = CliRunner().invoke(app, ["study", str(study), "--dry-run"])
+    if tree["reward"]["kind"] == "rule":
+        assert res.exit_code == 0, res.output
+        assert [st.label for st in plan(load_study(study))][:3] == ["train q-s0", "eval-bon q-s0", "train q-s1"]
+        return
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    error = " ".join(res.stderr.split())
+    assert (f"{run} was trained under tea_schema 2 and ran with reward.kernels: 'eager'; recipe q gives reward.kernels: "
+            f"'auto' now") in error
+
+
 @pytest.mark.slow
 def test_tiny_study_end_to_end_and_skip(tmp_path):
     sys.path.insert(0, str(TESTS))

@@ -1,4 +1,5 @@
-"""benchmarks/vs_trl.py's tea side on CPU (--small): the recipe settings its flags set reach the trainer."""
+"""benchmarks/vs_trl.py on CPU (--small): the recipe settings its flags set reach the trainer, and --shape paper runs
+both sides with the same stand-in reward classifier."""
 
 from __future__ import annotations
 
@@ -27,6 +28,50 @@ def test_share_prompts_flag_reaches_the_trainer(tmp_path, flag, shared):
     result = json.loads(out.read_text())
     assert result["args"]["tea_share_prompts"] == flag and result["results"]["tea"]["settings"]["share_prompts"] is shared
     assert f"share_prompts={shared}" in proc.stdout
+
+
+def test_tiny_configs_keep_the_shipped_structure():
+    """--small --shape paper: the recipe's two shipped configs at toy sizes keep their architecture, rope scaling, tied
+    embeddings and labels, with every special id inside the smaller vocabulary."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import vs_trl
+    from teacli.config import load_recipe
+    from teacli.standins import known_models
+
+    recipe = load_recipe(vs_trl.PAPER_RECIPE)
+    for name, sizes in ((recipe.policy.name_or_path, vs_trl.TINY_POLICY), (recipe.reward.name_or_path, vs_trl.TINY_REWARD)):
+        shipped = json.loads(known_models()[name].read_text())
+        tiny = vs_trl.tiny_config(shipped, sizes)
+        for key in ("architectures", "rope_scaling", "tie_word_embeddings", "num_labels", "model_type"):
+            assert tiny.get(key) == shipped.get(key), key
+        ids = [tiny[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id") if tiny.get(key) is not None]
+        ids = [i for v in ids for i in (v if isinstance(v, list) else [v])]
+        assert ids and all(0 <= i < sizes["vocab_size"] for i in ids)
+        assert tiny["head_dim"] * tiny["num_attention_heads"] == tiny["hidden_size"]
+
+
+@pytest.mark.slow
+def test_paper_shape_runs_both_sides_with_the_reward_model(tmp_path):
+    """--small --shape paper: tea and TRL each score with the toy reward classifier (its forwards timed on both sides),
+    on prompts of the same length (TRL's token count is its 16 prompts' tokens and their completions'), one invocation."""
+    pytest.importorskip("trl")
+    out = tmp_path / "vs_trl.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--small", "--shape", "paper", "--steps", "1",
+                           "--json", str(out)],
+                          capture_output=True, text=True, env=tea_env(tmp_path), timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    args, tea, trl = result["args"], result["results"]["tea"], result["results"]["trl"]
+    assert (args["prompts"], args["group_size"], args["prompt_len"], args["tea_micro_batch"], args["reward_batch"]) == (2, 8, 16, 4, 4)
+    assert tea["settings"]["recipe"] == "uf_llama1b_tea" and tea["settings"]["micro_batch"] == 4
+    assert tea["settings"]["reward"].startswith("LlamaForSequenceClassification")
+    assert trl["settings"]["reward"].startswith("LlamaForSequenceClassification")
+    for row in tea["rows"]:
+        assert row["reward_s"] > 0 and row["reward_tokens"] > 2 * 8 * 16
+    for row in trl["rows"]:
+        assert row["reward_s"] > 0
+        assert row["tokens"] == 2 * 8 * (16 + row["completion_len"])
+    assert "tea step / TRL step = " in proc.stdout
 
 
 def test_decode_loop_benchmark_compares_the_two_loops(tmp_path):

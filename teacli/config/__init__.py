@@ -56,6 +56,7 @@ from teacli.config.schema import (
 )
 from teacli.config.study import Study, StudyError, StudyEval, StudyFile, StudyReport, read_study
 from teacli.config.tree import (
+    APPLIES_WHEN,
     EXECUTION_KEYS,
     JUDGE_KEYS,
     JUDGE_SLOTS,
@@ -80,6 +81,8 @@ from teacli.config.tree import (
     RolloutConfig,
     RuleParams,
     ValidationConfig,
+    applicable,
+    applies,
     field,
     field_docs,
     flatten,
@@ -97,10 +100,10 @@ __all__ = [
     "shipped_studies",
     "SCHEMA_DEFAULTS", "SCHEMA_KEY", "SCHEMA_VERSION", "default_changes", "fill_defaults", "schema_default", "schema_version",
     "Study", "StudyError", "StudyEval", "StudyFile", "StudyReport", "read_study",
-    "EXECUTION_KEYS", "JUDGE_KEYS", "JUDGE_SLOTS", "JUDGE_TEMPLATE", "REMOVED_KEYS", "REMOVED_VALUES", "VLLM_RESERVED_KWARGS",
+    "APPLIES_WHEN", "EXECUTION_KEYS", "JUDGE_KEYS", "JUDGE_SLOTS", "JUDGE_TEMPLATE", "REMOVED_KEYS", "REMOVED_VALUES", "VLLM_RESERVED_KWARGS",
     "AdvantageConfig", "BackendConfig", "CheckpointConfig", "DataConfig", "EvalConfig", "KLConfig", "LoggingConfig",
     "LoraConfig", "OptimConfig", "PolicyConfig", "Recipe", "RecipeError", "RehearsalConfig", "RewardConfig", "RolloutConfig",
-    "RuleParams", "ValidationConfig", "field", "field_docs", "flatten", "is_execution_key", "judge_template_problem",
+    "RuleParams", "ValidationConfig", "applicable", "applies", "field", "field_docs", "flatten", "is_execution_key", "judge_template_problem",
     "recipe_changes",
     "OVERRIDE", "RECIPE_FILE", "build", "check_vllm_kwargs", "validate_recipe",
 ]

@@ -1,11 +1,12 @@
 """The Recipe tree: every section of a recipe, each field declared once with its default, its one-line documentation
 and its valid range (`field(default, doc, ge=..., ...)`); `docs/recipes.md`, `tea recipes show` and the loader's checks
-(teacli/config/validate.py) read the same declarations. Also what a resume may change (EXECUTION_KEYS) and the tree as
-dotted keys (`flatten`, `recipe_changes`, `field_docs`).
+(teacli/config/validate.py) read the same declarations. Also what a resume may change (EXECUTION_KEYS), which keys a
+recipe reads (APPLIES_WHEN) and the tree as dotted keys (`flatten`, `recipe_changes`, `field_docs`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -78,7 +79,7 @@ class PolicyConfig:
         "((layers − k)·(16·hidden + 3·intermediate) + k·hidden) (one uncheckpointed layer's worth at k = all, for the "
         "recompute), fit in 3/4 of the device memory left after the weights and optimizer state (1/2 with the vllm engine "
         "and rollout.sleep off, whose share stays beside the trainer); the k of least memory "
-        "when none does (never all layers: checkpointing the last one too saves nothing; docs/performance.md). Any k > 0 turns off optim.share_prompts' shared KV cache.",
+        "when none does (never all layers: checkpointing the last one too saves nothing; docs/performance.md). optim.share_prompts' shared KV cache works with any k.",
         ge=0,
     )
     kernels: Literal["auto", "eager", "liger", "compile"] = field(
@@ -151,12 +152,14 @@ class RewardConfig:
     )
     device: str = field("auto", "Device for the reward model ('auto' = the policy's device).")
     kernels: Literal["auto", "eager", "liger", "compile"] = field(
-        "eager",
+        "auto",
         "kind hf: fused kernels for the reward model's forward, as policy.kernels: liger = liger-kernel's RMSNorm, SwiGLU "
         "and rotary kernels for the architecture (CUDA, pip install 'teacli[liger]'); compile = torch.compile of each "
-        "decoder layer (it compiles again for each new batch shape); auto = liger where it can run, else eager. On the 8B "
-        "reward model on an H200, liger scored 1.2x faster than eager (63% of peak against 52%), compile as eager; "
-        "liger's scores match eager's within bf16 rounding. Default eager: liger-kernel is an optional install.",
+        "decoder layer (it compiles again for each new batch shape); eager = the transformers modules as they are; auto = "
+        "liger where it is installed, the device is CUDA and liger supports the architecture, else eager (always eager "
+        "on CPU, so CPU runs score what they did). Default auto (tea_schema 3; eager before): on the 8B reward model on "
+        "an H200 liger scored 1.22x faster than eager (63% of peak against 52%), compile as eager, its scores equal to "
+        "eager's within bf16 rounding (docs/reproducing.md). Other kinds do not read it.",
     )
     batch_size: int = field(16, "Responses scored per reward-model forward pass (hf, lm_judge: sorted by length into as many batches as this many a batch make, cut where they pad least, none holding more tokens than this many of the longest, so a batch of short responses may hold more), or sent per request (remote).", ge=1)
     max_length: int = field(4096, "Truncate prompt+response to this many reward-model tokens (lm_judge: the response is cut from its end, then the prompt, so the question stays whole).", ge=16)
@@ -294,6 +297,22 @@ class RolloutConfig:
         "\"One step off-policy\").",
         ge=0, le=1,
     )
+    colocated: bool = field(
+        True,
+        "Where generation runs (NeMo-RL's policy.generation.colocated.enabled, OpenRLHF's --colocate_all_models, verl's "
+        "hybrid_engine). true = on the training ranks, between updates (one GPU, or when generation is a small share of "
+        "the step). false = on rollout.generation_ranks ranks of the launch's own (the last ones), which get the "
+        "trainer's weights over a process group after every update while the other ranks train: pays when generation "
+        "and training are each a large share of the step and there are GPUs to spare, most with rollout.max_staleness 1 "
+        "(docs/training.md, \"Split placement\"). hf engine, without rollout.dynamic_sampling; validation still runs "
+        "on the training ranks. A run resumes in another placement only where the recipe sets this key explicitly.",
+    )
+    generation_ranks: int = field(
+        1,
+        "rollout.colocated false: how many of the launch's ranks generate (NeMo-RL's colocated.resources.gpus_per_node, "
+        "OpenRLHF's --vllm_num_engines, verl's rollout.n_gpus_per_node); the rest train. Fewer than the launch's ranks.",
+        ge=1,
+    )
     dynamic_sampling: bool = field(
         False,
         "Drop groups whose rewards are all equal and draw more prompts (the next ones of the data order) until the step "
@@ -360,7 +379,7 @@ class OptimConfig:
     max_grad_norm: float = field(1.0, "Gradient clipping norm (0 = off).", ge=0.0)
     share_prompts: bool = field(
         True, "Run each distinct prompt of a micro-batch through the model once and its m completions on its KV cache "
-        "(same log-probs and gradients, the prompt's work done once instead of m times); off when any layer is gradient-checkpointed.",
+        "(same log-probs and gradients, the prompt's work done once instead of m times), gradient-checkpointed layers or not.",
     )
     micro_batch_size: int = field(8, "Sequences per forward/backward: a rank's P*m/W sequences are sorted by length into ceil(P*m/W / this) micro-batches, one optimizer update per step; with shared prompts split evenly (at most this many each), otherwise cut where they pad least, none holding more tokens than the largest even micro-batch (so one of short sequences may hold more).", ge=1)
 
@@ -476,6 +495,9 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "rollout.share_prefix", "rollout.attention", "rollout.kv_cache", "rollout.compile", "rollout.cache_bucket",
     # how vLLM schedules and runs (its sampling contract and memory are tea's: VLLM_RESERVED_KWARGS)
     "rollout.vllm_kwargs",
+    # where generation runs: the same distribution on other ranks, as the number of processes (which a resume may
+    # change too); a change of rollout.colocated is taken only where the recipe names it (teacli/train/loop.py: train)
+    "rollout.colocated", "rollout.generation_ranks",
     # how the update is computed: the same gradient, in other pieces or with recomputation
     "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing", "policy.kernels",
     # where the numbers go
@@ -486,8 +508,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "optim.steps",
     # when to give up on the reward (a remote request, a python call): not what it computes
     "reward.timeout_s",
-    # how the reward model computes the same scores: each prompt once or with every response
-    "reward.share_prompts",
+    # how the reward model computes the same scores: each prompt once or with every response, fused kernels or eager
+    "reward.share_prompts", "reward.kernels",
 })
 """Recipe keys that say how a run executes, not what it computes (dotted names; a section name covers all
 its keys): resuming a run directory accepts a change of these, records it in resume.jsonl, and refuses a
@@ -497,6 +519,65 @@ change of any other key (docs/training.md, "Resume"). A name that a recipe does 
 def is_execution_key(key: str) -> bool:
     """Whether the dotted recipe key `key` is one of EXECUTION_KEYS (or inside a section listed there)."""
     return any(key == k or key.startswith(k + ".") for k in EXECUTION_KEYS)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a recipe reads
+
+_KINDS_HF = ("hf", "lm_judge")  # a reward model tea loads: a sequence classifier or a judge LM
+APPLIES_WHEN: dict[str, tuple[str, tuple[Any, ...]]] = {
+    # each reward key, by the reward kinds that read it (teacli/rewards: build_reward and each kind's from_config)
+    "reward.name_or_path": ("reward.kind", _KINDS_HF),
+    "reward.revision": ("reward.kind", _KINDS_HF),
+    "reward.dtype": ("reward.kind", _KINDS_HF),
+    "reward.device": ("reward.kind", _KINDS_HF),
+    "reward.max_length": ("reward.kind", _KINDS_HF),
+    "reward.batch_size": ("reward.kind", (*_KINDS_HF, "remote")),
+    "reward.kernels": ("reward.kind", ("hf",)),
+    "reward.share_prompts": ("reward.kind", ("hf",)),
+    **{f"reward.{key}": ("reward.kind", ("lm_judge",)) for key in JUDGE_KEYS},
+    "reward.function": ("reward.kind", ("python",)),
+    "reward.params": ("reward.kind", ("rule", "python")),
+    "reward.timeout_s": ("reward.kind", ("python", "remote")),
+    "reward.url": ("reward.kind", ("remote",)),
+    "reward.concurrency": ("reward.kind", ("remote",)),
+    "reward.max_retries": ("reward.kind", ("remote",)),
+    "reward.token_env": ("reward.kind", ("remote",)),
+}
+"""Keys that only some recipes read: dotted key (a section name covers its keys) → (the dotted key that decides, the
+values of it under which the key is read). Elsewhere the key does nothing (`reward.kernels` of a rule reward), so
+comparing two recorded recipes (`recipe_changes`: resume, a base arm, a study's trained runs; `tea report`'s seeds of
+one method, `applicable`) passes over it: a default that changes where a key does nothing splits no study's seeds.
+A tree without the deciding key counts the key as read."""
+
+
+def applies(key: str, tree: dict[str, Any]) -> bool:
+    """Whether the recipe tree `tree` (nested dicts, as recipe.yaml holds it) reads the dotted key `key` (APPLIES_WHEN)."""
+    for name, (decider, values) in APPLIES_WHEN.items():
+        if key == name or key.startswith(name + "."):
+            node: Any = tree
+            for part in decider.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    return True
+                node = node[part]
+            return node in values
+    return True
+
+
+def applicable(tree: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the recipe tree `tree` without the keys it does not read (APPLIES_WHEN): two recipes that ran alike
+    are equal in it."""
+    out = copy.deepcopy(tree)
+    for key in APPLIES_WHEN:
+        if applies(key, tree):
+            continue
+        *sections, leaf = key.split(".")
+        node: Any = out
+        for name in sections:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -512,10 +593,11 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def recipe_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """dotted key → (old value, new value) for every leaf that differs between two recipe trees
-    (a leaf that one of them lacks counts as None), in the order of the new tree."""
+    (a leaf that one of them lacks counts as None), in the order of the new tree. A key that either recipe does
+    not read (APPLIES_WHEN: `reward.kernels` of a rule reward) is no change."""
     a, b = flatten(old), flatten(new)
     keys = list(b) + [k for k in a if k not in b]
-    return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
+    return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k) and applies(k, old) and applies(k, new)}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -211,6 +211,15 @@ def validate_recipe(recipe: Recipe, origin: dict[str, str] | None = None, *, run
             raise RecipeError(f"rollout.max_staleness: {ro.max_staleness} cannot run with rollout.dynamic_sampling (its rounds "
                               f"agree across ranks through collectives, which a background generation cannot join)"
                               f"{_where(origin, 'rollout.max_staleness', 'rollout.dynamic_sampling')}")
+    if not ro.colocated:  # split placement (teacli/train/split.py)
+        if ro.engine == "vllm":
+            raise RecipeError("rollout.colocated: false runs the hf engine on the generation ranks (the vllm engine lives in "
+                              "the trainer's process); set rollout.engine: hf or rollout.colocated: true"
+                              f"{_where(origin, 'rollout.colocated', 'rollout.engine')}")
+        if ro.dynamic_sampling:
+            raise RecipeError("rollout.colocated: false cannot run with rollout.dynamic_sampling (its rounds agree across "
+                              "the generating and training ranks through collectives); set one of them off"
+                              f"{_where(origin, 'rollout.colocated', 'rollout.dynamic_sampling')}")
     for pattern in recipe.validation.watch_patterns:
         try:
             re.compile(pattern)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from teacli.cache import cache_dir
+from teacli.cache import cache_dir, waiting_for
 from teacli.data.errors import DataError
 from teacli.types import Prompt
 
@@ -20,10 +20,13 @@ def resolve_data_dir(data_dir: str) -> Path:
         from teacli.data.prepare import prepare, split_names
 
         out = cache_dir() / "data" / data_dir
+        names = ("manifest.json", *(f"{s}.jsonl" for s in split_names(data_dir)))
         # A cache prepared by an older tea lacks the splits added since (heldout_ext); its other
-        # files are rewritten with the same bytes.
-        if not all((out / name).exists() for name in ("manifest.json", *(f"{s}.jsonl" for s in split_names(data_dir)))):
-            prepare(data_dir, out, force=True)
+        # files are rewritten with the same bytes. Runs started together (a study's) prepare it one at a time.
+        if not all((out / name).exists() for name in names):
+            with waiting_for(out.parent / f".{data_dir}.lock"):
+                if not all((out / name).exists() for name in names):
+                    prepare(data_dir, out, force=True)
         return out
     path = Path(data_dir)
     if not path.is_dir():

@@ -535,8 +535,11 @@ def run_alignment(s: Settings, progress: Progress | None = None, log: Callable[[
     settings = s.pool_settings()
     settings_path = s.out / "pool.run.json"
     if settings_path.exists():
-        old = json.loads(settings_path.read_text())
-        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        from teacli.config import applicable
+
+        # the reward's keys its kind does not read (config.APPLIES_WHEN: reward.kernels of a rule reward) made no other pool
+        old, now = applicable(json.loads(settings_path.read_text())), applicable(settings)
+        diff = sorted(k for k in set(old) | set(now) if old.get(k) != now.get(k))
         if diff:
             raise AlignmentError(f"{settings_path}: the stored pool was made with other settings ({', '.join(diff)}); "
                                  "use another --out or move that directory away")

@@ -295,7 +295,8 @@ def init_base_arm(run: Path, recipe: str, overrides: Sequence[str] = ()) -> Path
     """Make `run` a run-like directory of `recipe` (name or path) for `--checkpoint base`: its resolved
     recipe.yaml, as `tea train` writes it, and nothing else. A study's base arm (the untrained policy
     evaluated as an arm) lives there. An existing recipe.yaml must be the same recipe. Returns the file."""
-    from teacli.config import RecipeError, canonical_tree, find_recipe, load_recipe, parse_yaml, read_yaml, to_yaml
+    from teacli.config import RecipeError, canonical_tree, find_recipe, load_recipe, parse_yaml, read_yaml, recipe_changes
+    from teacli.config import to_yaml
 
     try:
         resolved = to_yaml(load_recipe(find_recipe(recipe), overrides))
@@ -303,8 +304,11 @@ def init_base_arm(run: Path, recipe: str, overrides: Sequence[str] = ()) -> Path
         raise EvalError(f"--recipe: {exc}") from None
     path = Path(run) / "recipe.yaml"
     if path.exists():
-        try:  # the same recipe as this version writes it: one written before a key existed has it at its default
-            same = path.read_text() == resolved or canonical_tree(read_yaml(path)) == parse_yaml(resolved, "--recipe")
+        try:  # the same recipe as this version writes it: one written before a key existed has it at its default, and
+            # a key the recipe does not read (config.APPLIES_WHEN) differs in nothing that ran
+            before = canonical_tree(read_yaml(path))
+            same = path.read_text() == resolved or (
+                before is not None and not recipe_changes(before, parse_yaml(resolved, "--recipe")))
         except RecipeError:
             same = False
         if not same:
@@ -527,6 +531,9 @@ def _evaluate_locked(run, recipe, loaded, ckpt, files, settings, split, M, data_
         try:
             sampler = Sampler.open(recipe, policy_cfg, tokenizer, device, reward=loaded.reward,
                                    rollout=dataclasses.replace(recipe.rollout, engine=settings["engine"]))
+            from teacli.standins import end_responses
+
+            end_responses(recipe, sampler.engine)  # rehearsal.lengths realistic: responses end at drawn lengths, as in training
         except ValueError as exc:
             raise EvalError(str(exc)) from None
         done = resumed

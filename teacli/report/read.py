@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from teacli import rundir
-from teacli.config import canonical_tree, default_changes, recipe_changes, schema_version
+from teacli.config import applicable, canonical_tree, default_changes, recipe_changes, schema_version
 
 _JUDGE_FILE = re.compile(r"^(?P<other>.+)-bo(?P<N>\d+)\.jsonl$")
 
@@ -62,7 +62,7 @@ class RecipeInfo:
     params: dict[str, Any]  # advantage.params
     name: str | None = None  # the recipe's name (a method's name when its seeds are pooled)
     seed: int | None = None  # the training seed
-    identity: str | None = None  # the whole recipe but its seed, canonical JSON: equal for seeds of one method
+    identity: str | None = None  # the whole recipe but its seed and the keys it does not read, canonical JSON: equal for seeds of one method
     schema: int = 1  # its tea_schema (1: written before versions were recorded)
     tree: dict[str, Any] | None = None  # the whole recipe but its seed, as this version writes it (None: it does not build)
 
@@ -206,11 +206,12 @@ def read_recipe(path: Path) -> RecipeInfo:
     except ValueError as exc:
         raise ReportError(f"{path}: {exc}") from None
     # as this version writes it, the keys it lacks at the defaults of its tea_schema: a recipe.yaml from before a key
-    # existed pools with seeds written since that ran alike, and not with seeds under a default that changed since
+    # existed pools with seeds written since that ran alike, and not with seeds under a default that changed since;
+    # without the keys the recipe does not read (config.APPLIES_WHEN: reward.kernels of a rule reward), whatever they hold
     tree = canonical_tree(data)
     rest = {k: v for k, v in (tree or data).items() if k != "seed"}
     try:
-        identity = json.dumps(rest, sort_keys=True, default=str)
+        identity = json.dumps(applicable(rest), sort_keys=True, default=str)
     except (TypeError, ValueError):
         identity = None
     return RecipeInfo(m, rule, params, name if isinstance(name, str) and name else None,

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from teacli.models import encode_chat, is_standin, load_errors, looks_like_path, random_model, resolve_dtype
-from teacli.padding import least_padding
+from teacli.padding import batch_sizes  # the forward batches' cut, which the planner prices too
 
 if TYPE_CHECKING:
     import torch
@@ -112,7 +112,7 @@ class HFRewardModel:
         batch_size: int = 16,
         max_length: int = 4096,
         trust_remote_code: bool = False,
-        kernels: str = "eager",
+        kernels: str = "auto",
         share_prompts: bool = True,
     ) -> "HFRewardModel":
         import torch
@@ -404,16 +404,6 @@ def score_by_length(
     if outs:
         scores[order] = torch.cat(outs).float().cpu()
     return scores
-
-
-def batch_sizes(widths: list[int], batch_size: int) -> list[int]:
-    """Sizes of the forward batches of rows sorted longest first (widths[b]: row b's tokens): as many batches as
-    `batch_size` rows a batch make, cut where they compute the fewest tokens with none computing more than the first
-    (`batch_size` of the longest rows: no more memory), so a batch of shorter rows may hold more than `batch_size`
-    (`teacli.padding.least_padding`); `batch_size` rows a batch where that search is too large."""
-    count = -(-len(widths) // batch_size)
-    even = [min(batch_size, len(widths) - k * batch_size) for k in range(count)]
-    return (least_padding(widths, count, batch_size * widths[0]) if widths else None) or even
 
 
 def _is_generic_classifier(model: Any) -> bool:

@@ -363,17 +363,19 @@ def lognormal_lengths(rng: random.Random, count: int, median: float, sigma: floa
     return [min(high, max(low, round(rng.lognormvariate(mu, sigma)))) for _ in range(count)]
 
 
-def prompt_lengths(count: int, seed: str, low: int, high: int) -> list[int]:
+def prompt_lengths(count: int, seed: str, low: int, high: int, median: float = PROMPT_MEDIAN) -> list[int]:
     """`rehearsal.lengths: realistic`: `count` prompt lengths (tokens after the chat template), UltraFeedback-like
-    (PROMPT_MEDIAN, PROMPT_SIGMA: the module docstring), clipped to [low, high]; the same for the same `seed`."""
-    return lognormal_lengths(random.Random(f"prompts-{seed}"), count, PROMPT_MEDIAN, PROMPT_SIGMA, low, high)
+    (PROMPT_MEDIAN, PROMPT_SIGMA: the module docstring), clipped to [low, high]; the same for the same `seed`.
+    `median`: the planner's other median for a user's mean length (`teacli.planner.Lengths`), the same log-sd."""
+    return lognormal_lengths(random.Random(f"prompts-{seed}"), count, median, PROMPT_SIGMA, low, high)
 
 
-def response_lengths(seed: int, count: int) -> list[int]:
+def response_lengths(seed: int, count: int, median: float = RESPONSE_MEDIAN) -> list[int]:
     """`rehearsal.lengths: realistic`: `count` response lengths in tokens, EOS included (RESPONSE_MEDIAN,
     RESPONSE_SIGMA: the module docstring), at least 1 and not capped: the engine cuts one longer than
-    rollout.max_new_tokens there, without EOS. The same for the same `seed` (a generation call's)."""
-    return lognormal_lengths(random.Random(f"responses-{seed}"), count, RESPONSE_MEDIAN, RESPONSE_SIGMA, 1, 2**31)
+    rollout.max_new_tokens there, without EOS. The same for the same `seed` (a generation call's). `median`: as
+    `prompt_lengths`'."""
+    return lognormal_lengths(random.Random(f"responses-{seed}"), count, median, RESPONSE_SIGMA, 1, 2**31)
 
 
 def end_responses(recipe: "Recipe", *engines: Any) -> None:

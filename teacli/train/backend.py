@@ -75,10 +75,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_world() -> World:
-    """Initialise torch.distributed through DeepSpeed (a one-process group when not launched)."""
+def _launch_device() -> "torch.device":
+    """The launch's rendezvous settings (a one-process launch where none gave them) and this rank's device: its
+    LOCAL_RANK's GPU, else the CPU."""
     import torch
-    import torch.distributed as dist
 
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -92,6 +92,15 @@ def init_world() -> World:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    return device
+
+
+def init_world() -> World:
+    """Initialise torch.distributed through DeepSpeed (a one-process group when not launched)."""
+    import torch.distributed as dist
+
+    device = _launch_device()
+    local_rank = int(os.environ["LOCAL_RANK"])
     deepspeed = _deepspeed()
     if not dist.is_initialized():
         cpu_peers = device.type == "cpu" and int(os.environ["WORLD_SIZE"]) > 1  # ranks that share memory through SHM_OP
@@ -103,6 +112,49 @@ def init_world() -> World:
             dist.barrier()  # every rank has mapped every peer's shared-memory segment
             _unlink_shm_segment(dist.get_rank())
     return World(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device)
+
+
+def init_split_world(generation_ranks: int) -> tuple[World, "Split"]:
+    """Split placement (rollout.colocated: false; teacli/train/split.py): the launch's last `generation_ranks` ranks
+    generate, the others train. The trainers' process group is the default one and holds the trainers only, so
+    DeepSpeed and every collective of the loop (initialize, all-reduces, save_checkpoint's barriers) run among them as
+    in a colocated launch, and no rank that generates can leave one of them waiting. Both sides meet through one
+    TCPStore on the launch's MASTER_ADDR:MASTER_PORT (served by rank 0, as `env://` would): the trainers' group under
+    one prefix, the transfer group (teacli/train/split.py) under another. A generation rank joins no default group:
+    its World is its place among the generators (rank g of k), which is what sharding its prompts needs."""
+    import datetime
+
+    import torch.distributed as dist
+
+    device = _launch_device()
+    rank, size, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    trainers = size - generation_ranks
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, rank == 0,
+                          timeout=datetime.timedelta(seconds=SPLIT_TIMEOUT_S), wait_for_workers=False)
+    split = Split(trainers, generation_ranks, rank - trainers if rank >= trainers else None, store)
+    if split.generator is not None:
+        return World(rank=split.generator, world_size=generation_ranks, local_rank=local_rank, device=device), split
+    os.environ["WORLD_SIZE"] = str(trainers)  # what DeepSpeed and the loop read: the trainers' group
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.PrefixStore("tea/trainers/", store),
+                                rank=rank, world_size=trainers)
+    deepspeed = _deepspeed()
+    with _stdout_to_stderr(), _without_shm_op(deepspeed, skip=device.type == "cpu"):  # gloo's all-reduce among the trainers
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
+    return World(rank=rank, world_size=trainers, local_rank=local_rank, device=device), split
+
+
+SPLIT_TIMEOUT_S = 6 * 3600  # a generation rank waits for weights through the trainers' validation and checkpoints
+
+
+@dataclass
+class Split:
+    """Where this rank stands in a split launch (init_split_world)."""
+
+    trainers: int  # ranks 0 … trainers − 1 train
+    generators: int  # the last ranks generate
+    generator: int | None  # this rank's index among the generators; None on a training rank
+    store: Any  # the launch's TCPStore: the transfer group's rendezvous
 
 
 SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU shared-memory all-reduce op: its name for torch's JIT build and in its ops table
@@ -536,6 +588,17 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def scatter_object(objs: list[Any] | None, src: int = 0) -> Any:
+    """Rank r's item of `objs` (given on `src`, None elsewhere); `objs[0]` without a process group of several."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return objs[0]
+    out: list[Any] = [None]
+    dist.scatter_object_list(out, objs if dist.get_rank() == src else None, src=src)
+    return out[0]
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

@@ -56,14 +56,11 @@ def micro_batches(lengths: list[int], n: int, groups: list[int] | None = None) -
     last one DeepSpeed's gradient-accumulation boundary by construction, whatever the number of sequences; how the
     sequences are cut changes only the order of the gradient's terms.
     """
-    from teacli.padding import computed, even_sizes, least_padding
+    from teacli.padding import even_sizes, micro_sizes
 
     key = (lambda i: lengths[i]) if groups is None else (lambda i: (groups[i], lengths[i]))
     order = sorted(range(len(lengths)), key=key)
-    sizes = even_sizes(len(order), n)
-    if groups is None and len(order) >= n:
-        widths = [lengths[i] for i in order]
-        sizes = least_padding(widths, n, max(computed(widths, sizes))) or sizes
+    sizes = even_sizes(len(order), n) if groups is not None else micro_sizes([lengths[i] for i in order], n)
     out, start = [], 0
     for size in sizes:
         out.append(order[start : start + size])

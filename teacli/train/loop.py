@@ -58,12 +58,14 @@ if TYPE_CHECKING:
 REWARD_ERROR_LOG = "reward_error.log"  # the traceback of the user's reward code that stopped the run
 
 
-def train(recipe: "Recipe", run_dir: Path) -> Path:
+def train(recipe: "Recipe", run_dir: Path, explicit: frozenset[str] = frozenset()) -> Path:
     """Run (or resume) training of `recipe` into `run_dir`; returns the run directory.
 
     One `tea train` per run directory: rank 0 holds its lock for the whole run. A restart resumes from
     the last complete checkpoint; it refuses a recipe that changes the experiment and data that changed
-    since the run started, and takes changed execution keys (the resume rules, teacli/train/resume.py).
+    since the run started, and takes changed execution keys (the resume rules, teacli/train/resume.py),
+    rollout.colocated only where it is in `explicit` (the keys the recipe files or --set name).
+    With rollout.colocated false the launch's last rollout.generation_ranks ranks generate (teacli/train/split.py).
     """
     from teacli.rollout.factory import AUTO_WITHOUT_CHOICE, recipe_engine
     from teacli.train import backend
@@ -72,6 +74,16 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
 
     check_trackers(recipe)  # an uninstalled tracker fails before any model is loaded
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    ro = recipe.rollout
+    if not ro.colocated:  # split placement: what the launch must give it
+        if world_size <= ro.generation_ranks:
+            raise TrainError(f"rollout.generation_ranks: {ro.generation_ranks} generating rank(s) leave none of the launch's {world_size} "
+                             f"process(es) to train (rollout.colocated: false); launch more processes (deepspeed --num_gpus N) or "
+                             f"set rollout.colocated: true")
+        if ro.generation_ranks > ro.prompts_per_step:
+            raise TrainError(f"rollout.generation_ranks: {ro.generation_ranks} exceeds rollout.prompts_per_step={ro.prompts_per_step}: "
+                             f"every generating rank generates at least one prompt's group")
+        world_size -= ro.generation_ranks
     engine, why = recipe_engine(recipe, recipe.rollout.prompts_per_step // max(world_size, 1) * recipe.rollout.group_size)
     try:  # the importance correction the engine that will run needs (before any model is loaded)
         is_level = resolve_is_correction(recipe.rollout.is_correction, engine, recipe.rollout.max_staleness)
@@ -79,7 +91,10 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
         raise TrainError(str(exc)) from None
     if recipe.rollout.engine == "auto" and why not in AUTO_WITHOUT_CHOICE and os.environ.get("RANK", "0") == "0":
         print(f"rollout.engine auto: {engine} ({why})", file=sys.stderr, flush=True)
-    world = backend.init_world()
+    engine = engine if ro.colocated else "hf"  # the trainers validate with the hf engine on their own module
+    world, split = (backend.init_world(), None) if ro.colocated else backend.init_split_world(ro.generation_ranks)
+    if split is not None and split.generator is not None:  # a generation rank: its whole run (teacli/train/split.py)
+        return _generate(recipe, world, split, is_level, run_dir)
     if recipe.policy.kernels == "liger":  # the library and the device, before any model is loaded (the architecture: in setup)
         from teacli.kernels import require_liger
 
@@ -94,7 +109,16 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     run = RunDir(run_dir)
     with run_lock(run, world):
         start = on_rank0(world, check_run_dir, run, recipe)
+        if "rollout.colocated" in start.changed and "rollout.colocated" not in explicit:
+            was = start.changed["rollout.colocated"][0]
+            raise TrainError(f"rollout.colocated: {run.path} ran with generation {'colocated' if was else 'on ranks of its own'} "
+                             f"(rollout.colocated: {str(was).lower()}), and this recipe leaves the key at its default; set it "
+                             f"explicitly (--set rollout.colocated={str(not was).lower()}) to resume in the other placement")
         if start.step >= recipe.optim.steps:
+            if split is not None and world.is_main:  # the generation ranks wait for a first step: there is none
+                from teacli.train.split import Link
+
+                Link(split.store, 0, 1 + split.generators, world.device).broadcast_object({"stop": True})
             if (chosen := on_rank0(world, check_selection, run, recipe)) is not None:
                 say(world, chosen)
             say(world, f"{run.path} is already complete at step {start.step} (optim.steps={recipe.optim.steps}); "
@@ -103,7 +127,7 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
             from teacli.rewards import RewardError
 
             try:
-                _train_steps(recipe, run, world, start, is_level, engine)
+                _train_steps(recipe, run, world, start, is_level, engine, split)
             except RewardError as exc:  # the user's reward failed: one line, its traceback beside the records
                 log = world.is_main and run.recipe.exists()  # not into a directory a failed start leaves empty
                 raise TrainError(with_traceback_file(str(exc), exc.details, run.path / REWARD_ERROR_LOG) if log else str(exc)) from None
@@ -115,7 +139,22 @@ def train(recipe: "Recipe", run_dir: Path) -> Path:
     return run.path
 
 
-def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level: str, engine_name: str) -> None:
+def _generate(recipe: "Recipe", world, split, is_level: str, run_dir: Path) -> Path:
+    """A generation rank of split placement: its whole run; an error is said on stderr from this rank (the launch's
+    rank 0, which reports errors, is a trainer) before it stops the launch."""
+    from teacli.train.split import run_generator
+
+    try:
+        run_generator(recipe, world, split, is_level,
+                      lambda rollout, reward, prompts, k, pos: generate_step(rollout, reward, prompts, recipe, world, k, pos))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"error: generation rank {world.rank} (rollout.colocated: false): {type(exc).__name__}: {first}", file=sys.stderr, flush=True)
+        raise
+    return run_dir
+
+
+def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level: str, engine_name: str, split=None) -> None:
     """Set up, write the run's files (every check has passed by then), restore a resumed run's state, train."""
     import torch
 
@@ -128,7 +167,8 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
     reset_watch_baseline()
     s = _setup_or_explain(recipe, world, is_level, engine_name)
     start, position, memory = _begin(s, recipe, run, world, resume)
-    ahead = _one_step_ahead(s, recipe, world, is_level, resume)  # None on-policy (rollout.max_staleness 0)
+    # None on-policy (rollout.max_staleness 0) and colocated; split placement: the generation ranks' batches
+    ahead = _one_step_ahead(s, recipe, world, is_level, resume) if split is None else _split_rollouts(s, recipe, world, split, resume, start, position)
     sink = metrics_sink(run, recipe, world, start)
     adv_params = dict(recipe.advantage.params)
     if recipe.advantage.name == "chow":
@@ -171,9 +211,14 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
             t_ref = time.perf_counter() - t0 - t_train
             peaks.append(backend.peak_memory_gib(world.device))
 
-            # 4. The sampler gets the new weights (a no-op for an engine that samples from the trainer's module).
+            # 4. The sampler gets the new weights (a no-op for an engine that samples from the trainer's module;
+            #    split placement: broadcast to the generation ranks).
             t0 = time.perf_counter()
-            s.rollout.load_weights(backend.named_weights(s.engine.module, recipe.backend.zero_stage))
+            weights = backend.named_weights(s.engine.module, recipe.backend.zero_stage)
+            if split is not None:
+                ahead.push(weights, version=step + 1)
+            else:
+                s.rollout.load_weights(weights)
             t_sync = time.perf_counter() - t0
             peaks.append(backend.peak_memory_gib(world.device))
 
@@ -222,6 +267,12 @@ def step_rollouts(s: TrainSession, recipe: "Recipe", world, ahead, step: int, po
     version for metrics.jsonl. `ahead`: one step off-policy's OneStepAhead (teacli/train/offpolicy.py), or None."""
     from teacli.train import backend
 
+    from teacli.train.split import SplitRollouts
+
+    if isinstance(ahead, SplitRollouts):  # split placement: made on the generation ranks
+        batch, waited = ahead.take(step)
+        return batch.sel, batch.position, {**batch.times, "weights_version": batch.version, "staleness": step - batch.version,
+                                           "time_wait_rollouts": waited}
     if ahead is None:
         s.rollout.wake()
         with backend.generation_weights(s.engine, recipe.backend.zero_stage, s.rollout):
@@ -410,6 +461,21 @@ def _one_step_ahead(s: TrainSession, recipe: "Recipe", world, is_level: str, res
     if resume.checkpoint is not None and ahead.load_pending(resume.checkpoint, world.rank) is None:
         say(world, f"{resume.checkpoint.name} keeps no batch in flight: the next batch is generated from its weights")
     return ahead
+
+
+def _split_rollouts(s: TrainSession, recipe: "Recipe", world, split, resume: "Start", start: int, position: int):
+    """rollout.colocated false: the training ranks' side of split placement, the generation ranks told where the run
+    starts (a resumed run's batch in flight read from its checkpoint) and given the weights it starts from."""
+    from teacli.train import backend
+    from teacli.train.split import Link, SplitRollouts
+
+    link = Link(split.store, 0, 1 + split.generators, world.device) if world.is_main else None
+    rollouts = SplitRollouts(link, world, recipe.rollout.max_staleness, recipe.optim.steps, recipe.rollout.prompts_per_step,
+                             lora_module=s.engine.module if recipe.policy.lora.enabled else None)
+    if resume.checkpoint is not None and recipe.rollout.max_staleness and not rollouts.load_pending(resume.checkpoint):
+        say(world, f"{resume.checkpoint.name} keeps no batch in flight: the next batch is generated from its weights")
+    rollouts.begin(start, position, backend.named_weights(s.engine.module, recipe.backend.zero_stage))
+    return rollouts
 
 
 def _begin(s: TrainSession, recipe: "Recipe", run: RunDir, world, resume: "Start") -> tuple[int, int, dict[str, Any]]:

@@ -204,11 +204,12 @@ class OneStepAhead:
 
 def open_sampler(recipe, loaded_policy, tokenizer, device, dtype, seed: int, kernels: Any):
     """The sampler's copy of the policy (plain HF, eval, no gradients; LoRA merged in at each transfer) and an hf
-    rollout engine generating with it."""
+    rollout engine generating with it. kernels: policy.kernels as resolved for the trainer's copy; None: resolved here
+    (a generation rank of split placement, which holds no other copy)."""
     import dataclasses
 
     from teacli import models
-    from teacli.kernels import apply_kernels
+    from teacli.kernels import apply_kernels, resolve_kernels
     from teacli.rollout.factory import build_engine
 
     model = models.load_policy(dataclasses.replace(loaded_policy, lora=dataclasses.replace(loaded_policy.lora, enabled=False)),
@@ -216,6 +217,8 @@ def open_sampler(recipe, loaded_policy, tokenizer, device, dtype, seed: int, ker
     if recipe.policy.attn_implementation is None and device.type == "cpu":
         model.set_attn_implementation(models.register_sdpa_gqa())
     model.eval().requires_grad_(False)
+    if kernels is None:
+        kernels = resolve_kernels(recipe.policy.kernels, model, device)
     apply_kernels(model, kernels, generates=True)
     rollout = build_engine(dataclasses.replace(recipe.rollout, engine="hf"), model, tokenizer, policy=recipe.policy, seed=seed,
                            max_model_len=recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)

@@ -164,7 +164,7 @@ def setup(recipe: "Recipe", world, is_level: str, engine_name: str) -> TrainSess
         max_sequences=max(local_seqs, validation_sequences(recipe, val_prompts, world.world_size)),  # one call's most (rollout.kv_cache_gib: auto)
     )  # the options reach the vllm engine only (built after the trainer: it sizes itself from what is left)
     sampler = None
-    if recipe.rollout.max_staleness:
+    if recipe.rollout.max_staleness and recipe.rollout.colocated:  # split placement samples on ranks of its own
         from teacli.train.offpolicy import open_sampler
 
         say(world, "loading the sampler's copy of the policy (rollout.max_staleness: 1: one step off-policy)")

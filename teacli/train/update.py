@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 def shares_prompts(recipe: "Recipe", engine, reference) -> bool:
     """Whether `train_step` runs each distinct prompt of a micro-batch once (optim.share_prompts, and the
-    policy and the reference both allow it: no gradient checkpointing, logits = head(hidden))."""
+    policy and the reference both allow it: logits = head(hidden), and any gradient checkpointing non-reentrant on
+    full-attention layers, `logprobs.can_share_prompts`)."""
     from teacli.logprobs import can_share_prompts
 
     ref_ok = reference is None or isinstance(reference, str) or can_share_prompts(reference)  # str: "adapters-disabled"

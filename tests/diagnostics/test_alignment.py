@@ -141,7 +141,13 @@ def test_cli_end_to_end_on_the_tiny_model(tiny, tmp_path):
     assert "| Oracle (plug-in) |" in (out / "alignment.md").read_text()
     assert (out / "alignment.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "pool" in proc.stderr and "gradients" in proc.stderr
-    # Resumed: the pool and the Gram matrices are reused (no sampling, no gradients), same numbers.
+    # Resumed: the pool and the Gram matrices are reused (no sampling, no gradients), same numbers; also from a pool
+    # recorded when reward.kernels defaulted to eager, or before the hf-only keys existed: a python reward reads neither
+    recorded = json.loads((out / "pool.run.json").read_text())
+    assert recorded["reward"]["kind"] == "python" and recorded["reward"]["kernels"] == "auto"
+    recorded["reward"]["kernels"] = "eager"
+    del recorded["reward"]["share_prompts"]
+    (out / "pool.run.json").write_text(json.dumps(recorded))
     again = run_cli(tiny, out)
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads((out / "alignment.json").read_text()) == data

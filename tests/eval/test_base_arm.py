@@ -52,6 +52,26 @@ def test_a_recipe_yaml_without_tea_schema_reads_at_the_defaults_it_ran_under(tmp
     assert init_base_arm(run, str(pinned)) == path
 
 
+def test_a_base_arm_recorded_under_reward_kernels_eager_is_the_rule_recipe_still(tmp_path):
+    """quickstart's rule reward does not read reward.kernels (config.APPLIES_WHEN): a base arm recorded under tea_schema
+    2, when it defaulted to eager, is the recipe that resolves to auto now; with an hf reward model it is not."""
+    from teacli.config import SCHEMA_KEY
+
+    run = tmp_path / "runs" / "quickstart-base"
+    path = init_base_arm(run, "quickstart")
+    tree = yaml.safe_load(path.read_text())
+    assert tree["reward"]["kind"] == "rule" and tree["reward"]["kernels"] == "auto"
+    tree[SCHEMA_KEY], tree["reward"]["kernels"] = 2, "eager"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    assert init_base_arm(run, "quickstart") == path
+    hf = tmp_path / "hf.yaml"
+    hf.write_text("base: quickstart\nname: quickstart\nreward: {kind: hf, name_or_path: some/rm}\n")
+    tree["reward"].update(kind="hf", name_or_path="some/rm")
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    with pytest.raises(EvalError, match="holds another recipe than --recipe"):
+        init_base_arm(run, str(hf))
+
+
 @pytest.mark.parametrize("args", [["--recipe", "quickstart"], ["--recipe", "quickstart", "--checkpoint", "step_2"]])
 def test_recipe_needs_one_run_dir_and_checkpoint_base(tmp_path, args):
     res = CliRunner().invoke(app, ["eval-bon", str(tmp_path / "arm"), *args])

@@ -230,6 +230,52 @@ def test_seeds_split_by_a_changed_default_are_refused_naming_the_key(study, tmp_
     assert list(by_method(tmp_path / "r2" / "frontier.csv")) == ["g", "t-s0", "t-s1"]
 
 
+def recorded_under(path: Path, version: int, *missing: str) -> None:
+    """Rewrite a run's recipe.yaml as tea_schema `version` wrote it (1: no `tea_schema`) with reward.kernels at its
+    default then, without the dotted keys `missing`."""
+    tree = yaml.safe_load(path.read_text())
+    tree.pop(SCHEMA_KEY)
+    if version > 1:
+        tree[SCHEMA_KEY] = version
+    tree["reward"]["kernels"] = schema_default("reward.kernels", version)
+    for key in missing:
+        section, leaf = key.split(".")
+        del tree[section][leaf]
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+
+
+@pytest.mark.parametrize("version, missing", [(2, ()), (1, ("reward.kernels",))])
+def test_seeds_of_a_rule_reward_pool_across_the_reward_kernels_default(study, tmp_path, version, missing):
+    """reward.kernels' default was eager up to tea_schema 2 and is auto since 3; a rule reward never reads it (kind hf
+    only). t-s1 recorded under version 2 with eager, or under version 1 without the key, and t-s0 under this version
+    with auto: one method, since the report passes over a key the recipe does not read (config.APPLIES_WHEN)."""
+    runs, base = study
+    s0, s1 = runs[2] / "recipe.yaml", runs[3] / "recipe.yaml"
+    assert (schema_default("reward.kernels", 2), schema_default("reward.kernels", SCHEMA_VERSION)) == ("eager", "auto")
+    assert yaml.safe_load(s0.read_text())["reward"]["kind"] == "rule"
+    recorded_under(s1, version, *missing)
+    assert yaml.safe_load(s1.read_text())["reward"].get("kernels") == (None if missing else "eager")
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r", "--endpoints", "2,4")
+    assert res.exit_code == 0, res.output
+    assert list(by_method(tmp_path / "r" / "frontier.csv")) == ["g", "t"]
+
+
+@pytest.mark.parametrize("version, missing", [(2, ()), (1, ("reward.kernels",))])
+def test_seeds_of_an_hf_reward_scored_with_other_kernels_are_refused(study, tmp_path, version, missing):
+    """The same pair with an hf reward model, which reads reward.kernels: t-s1 scored eager (recorded, or the default
+    of its version), t-s0 auto; they ran differently, and the report refuses them as one method naming the key."""
+    runs, base = study
+    s0, s1 = runs[2] / "recipe.yaml", runs[3] / "recipe.yaml"
+    for path in (s0, s1):
+        pin(path, reward__kind="hf", reward__name_or_path="some/rm")
+    recorded_under(s1, version, *missing)
+    res = report(*runs, "--baseline", "g", "--out", tmp_path / "r")
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.output
+    error = " ".join(res.stderr.split())
+    assert f"are seeds of recipe t written under tea_schema {SCHEMA_VERSION} and {version}" in error
+    assert f"reward.kernels 'auto' in {runs[2]}, 'eager' in {runs[3]}" in error and "policy.kernels" not in error
+
+
 def test_a_recipe_yaml_of_a_newer_schema_is_refused_naming_it(study, tmp_path):
     runs, base = study
     tree = yaml.safe_load((runs[3] / "recipe.yaml").read_text())

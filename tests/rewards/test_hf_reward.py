@@ -213,3 +213,36 @@ def test_reward_kernels_apply_to_the_reward_model(rm_dir, rm, monkeypatch):
     prompts, responses = batch()
     torch.testing.assert_close(fused.score(prompts, responses), rm.score(prompts, responses), rtol=0, atol=0)
     assert calls["norm"] > 0 and calls["mlp"] > 0, calls
+
+
+def test_reward_kernels_auto_is_eager_on_cpu_and_liger_where_it_runs(rm_dir, rm, monkeypatch):
+    """reward.kernels defaults to auto, resolved as policy.kernels' auto: liger where liger-kernel is installed, the
+    device is CUDA and liger's table has the architecture, else eager. On a CPU always eager: the reward model is not
+    patched and scores what it scored before the default changed. Where liger can run (a stand-in of its patch, with
+    its problems cleared as on a GPU) auto patches the model and scores what eager scores; checked without CUDA."""
+    from tiny_lm import liger_stand_in
+
+    from teacli import kernels
+    from teacli.config import EXECUTION_KEYS
+
+    assert RewardConfig().kernels == "auto" and "reward.kernels" in EXECUTION_KEYS  # the same scores: a resume may change it
+    calls = {"norm": 0, "mlp": 0}
+    monkeypatch.setattr(kernels, "_liger_table", lambda: {"llama": liger_stand_in(calls)})
+    model = rm.model
+    assert kernels.resolve_kernels("auto", model, "cpu", "reward.kernels") == "eager"
+    assert kernels.resolve_kernels("auto", model, "cuda", "reward.kernels") == "liger"  # the device is only inspected
+    monkeypatch.setattr(kernels, "_liger_table", lambda: {"mistral": liger_stand_in(calls)})
+    assert kernels.resolve_kernels("auto", model, "cuda", "reward.kernels") == "eager"  # an architecture liger lacks
+    monkeypatch.setattr(kernels, "_liger_table", lambda: "is not installed (pip install 'teacli[liger]')")
+    assert kernels.resolve_kernels("auto", model, "cuda", "reward.kernels") == "eager"  # liger-kernel not installed
+
+    monkeypatch.setattr(kernels, "_liger_table", lambda: {"llama": liger_stand_in(calls)})
+    prompts, responses = batch()
+    cfg = RewardConfig(kind="hf", name_or_path=str(rm_dir), dtype="float32", device="cpu", batch_size=4)
+    on_cpu = build_reward(cfg)
+    assert calls == {"norm": 0, "mlp": 0}  # eager on a CPU: nothing patched
+    torch.testing.assert_close(on_cpu.score(prompts, responses), rm.score(prompts, responses), rtol=0, atol=0)
+    monkeypatch.setattr(kernels, "liger_problem", lambda model, device: None)  # as on a GPU with liger installed
+    fused = build_reward(cfg)
+    torch.testing.assert_close(fused.score(prompts, responses), rm.score(prompts, responses), rtol=0, atol=0)
+    assert calls["norm"] > 0 and calls["mlp"] > 0, calls

@@ -25,7 +25,7 @@ def test_the_process_group_is_torn_down_after_a_multi_process_run(monkeypatch, t
     monkeypatch.setattr(backend, "close_world", lambda: events.append("close_world"))
     monkeypatch.setattr(loop, "run_lock", lambda run, w: contextlib.nullcontext())
     monkeypatch.setattr(loop, "on_rank0", lambda w, fn, *args: fn(*args))
-    monkeypatch.setattr(loop, "check_run_dir", lambda run, recipe: types.SimpleNamespace(step=0))
+    monkeypatch.setattr(loop, "check_run_dir", lambda run, recipe: types.SimpleNamespace(step=0, changed={}))
     monkeypatch.setattr(loop, "_train_steps", lambda *args: events.append("train"))
     recipe = recipe_from_dict(tiny_recipe(tmp_path / "policy", tmp_path / "data"))
     loop.train(recipe, tmp_path / "run")

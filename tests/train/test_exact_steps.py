@@ -114,11 +114,13 @@ def full_batch_gradient(model, reference, recipe, prompt_ids, groups, advantages
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def build(world, zero_stage: int, max_grad_norm: float, micro: int, nominal_seqs: int):
+def build(world, zero_stage: int, max_grad_norm: float, micro: int, nominal_seqs: int, checkpointed: int = 0):
+    """`checkpointed`: the policy's first layers gradient-checkpointed (policy.gradient_checkpointing: k)."""
     import torch
     from tiny_lm import make_causal_lm, make_tokenizer
 
     from teacli.config import Recipe
+    from teacli.models import set_gradient_checkpointing
     from teacli.train import backend
 
     tok = make_tokenizer()
@@ -127,24 +129,30 @@ def build(world, zero_stage: int, max_grad_norm: float, micro: int, nominal_seqs
     recipe.optim.micro_batch_size, recipe.optim.max_grad_norm, recipe.optim.lr = micro, max_grad_norm, 1e-3
     recipe.kl.beta = 0.1
     policy = make_causal_lm(tok, seed=0)
+    set_gradient_checkpointing(policy, checkpointed)
     reference = make_causal_lm(tok, seed=1).requires_grad_(False)  # a different model: a non-zero KL gradient
     engine = backend.build_engine(policy, recipe, world, -(-nominal_seqs // micro), "fp32")
     twin = make_causal_lm(tok, seed=0).to(torch.float32)  # plain copy for the full-batch gradient
     return tok, recipe, engine, reference, twin
 
 
-@pytest.mark.parametrize("share_prompts", [True, False])
-def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, share_prompts, monkeypatch):
+@pytest.mark.parametrize("share_prompts, checkpointed", [(True, 0), (False, 0), (True, 2), (True, 1), (False, 2)])
+def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, share_prompts, checkpointed, monkeypatch):
     """Whatever the sequence count (fewer than, equal to, or more than nominal), one update with the full-batch gradient;
-    with each prompt run once per micro-batch (optim.share_prompts) or whole with each sequence."""
+    with each prompt run once per micro-batch (optim.share_prompts) or whole with each sequence; with every layer of
+    the policy (2 of 2: policy.gradient_checkpointing: true) or the first gradient-checkpointed, or none (issue 45:
+    checkpointing kept sharing off before)."""
     import torch
 
     import teacli.logprobs
     from teacli.train import backend
-    from teacli.train.update import train_step
+    from teacli.train.update import shares_prompts, train_step
 
-    tok, recipe, engine, reference, twin = build(world, zero_stage=0, max_grad_norm=0.0, micro=4, nominal_seqs=9)
+    tok, recipe, engine, reference, twin = build(world, zero_stage=0, max_grad_norm=0.0, micro=4, nominal_seqs=9,
+                                                 checkpointed=checkpointed)
     recipe.optim.share_prompts = share_prompts
+    assert shares_prompts(recipe, engine, reference) is share_prompts
+    assert getattr(engine.module, "is_gradient_checkpointing", False) is bool(checkpointed)
     shared_calls = []
     real = teacli.logprobs.shared_prompt_logprobs
     monkeypatch.setattr(teacli.logprobs, "shared_prompt_logprobs", lambda *a, **k: shared_calls.append(a[1].shape[0]) or real(*a, **k))

@@ -169,29 +169,54 @@ def test_checkpointing_the_first_k_layers_keeps_the_gradients(lora):
             torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=f"k={k} {name}")
 
 
-def test_any_checkpointed_layer_rules_out_shared_prompts():
+@pytest.mark.parametrize("lora", [False, True])
+def test_checkpointed_layers_share_prompts(lora):
+    """Any number of checkpointed layers keeps optim.share_prompts' shared KV cache (issue 45; before, a checkpointed
+    layer dropped it and sharing was off): with k = 1 and 3 of 3 layers, with and without LoRA, the shared path gives
+    the whole sequences' log-probs and gradients; LoRA's reference (the policy in train mode, adapters disabled, no
+    gradients) its log-probs too."""
     from teacli.logprobs import can_share_prompts, shared_prompt_logprobs, token_logprobs
+    from teacli.lora import apply_lora
 
     tok = make_tokenizer()
-    model = make_causal_lm(tok, num_hidden_layers=3).float().train()
-    set_gradient_checkpointing(model, 1)
-    assert not can_share_prompts(model)
     g = torch.Generator().manual_seed(1)
     prompts, completions = torch.randint(10, len(tok), (2, 5), generator=g), torch.randint(10, len(tok), (4, 4), generator=g)
-    row_of = torch.tensor([0, 0, 1, 1])
-    whole = torch.cat([prompts[row_of], completions], 1)
-    want = token_logprobs(model, whole, torch.ones_like(whole), 5)
-    # Why: the checkpointed layer drops the prompt's KV cache, so the shared path cannot give these values.
-    try:
-        got = shared_prompt_logprobs(model, prompts, torch.ones_like(prompts), row_of, completions, torch.ones_like(completions))
-    except (TypeError, AttributeError):
-        pass
-    else:
-        assert not torch.allclose(got, want, atol=1e-4)
-    set_gradient_checkpointing(model, 0)  # off again: sharing is back, with the same values
-    assert can_share_prompts(model)
-    got = shared_prompt_logprobs(model, prompts, torch.ones_like(prompts), row_of, completions, torch.ones_like(completions))
-    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[1, :2] = 0  # a left-padded prompt
+    row_of = torch.tensor([0, 1, 0, 1])
+    whole, mask = torch.cat([prompts[row_of], completions], 1), torch.cat([prompt_mask[row_of], torch.ones_like(completions)], 1)
+    weights = torch.randn(4, 4, generator=g)
+    for k in (1, 3):
+        model = make_causal_lm(tok, num_hidden_layers=3).float()
+        set_gradient_checkpointing(model, k)
+        if lora:
+            model = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))
+            with torch.no_grad():  # adapters that change the model (B starts at 0): the reference differs from it
+                for name, p in model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0.0, 0.05, generator=g)
+        model.train()
+        assert can_share_prompts(model)
+        got = []
+        for run in (lambda: token_logprobs(model, whole, mask, 5),
+                    lambda: shared_prompt_logprobs(model, prompts, prompt_mask, row_of, completions, torch.ones_like(completions))):
+            model.zero_grad(set_to_none=True)
+            value = run()
+            (value * weights).sum().backward()
+            got.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        (want, g_want), (shared, g_shared) = got
+        torch.testing.assert_close(shared, want, rtol=1e-5, atol=1e-5, msg=f"k={k}")
+        assert g_want and g_shared.keys() == g_want.keys() and (not lora or all("lora_" in n for n in g_want))
+        for name in g_want:
+            torch.testing.assert_close(g_shared[name], g_want[name], rtol=1e-4, atol=1e-5, msg=f"k={k} {name}")
+        if lora:
+            with torch.no_grad(), model.disable_adapter():
+                ref_whole = token_logprobs(model, whole, mask, 5)
+                ref_shared = shared_prompt_logprobs(model, prompts, prompt_mask, row_of, completions, torch.ones_like(completions))
+            torch.testing.assert_close(ref_shared, ref_whole, rtol=1e-5, atol=1e-5)
+            assert not torch.allclose(ref_whole, want, atol=1e-4)  # the adapters were off
+        set_gradient_checkpointing(model if not lora else model.get_base_model(), 0)
+        assert can_share_prompts(model)
 
 
 def test_recipe_accepts_auto_bools_and_a_number_of_layers(tmp_path):

@@ -196,3 +196,28 @@ def test_a_run_recorded_before_tea_schema_resumes_at_what_it_ran_and_is_written_
     written = yaml.safe_load(run.recipe.read_text())
     assert written[SCHEMA_KEY] == SCHEMA_VERSION and written["policy"]["kernels"] == now
     assert json.loads(run.resumes.read_text())["changed"] == {"policy.kernels": {"before": then, "now": now}}
+
+
+@pytest.mark.parametrize("kind", ["python", "hf"])
+def test_a_run_recorded_under_reward_kernels_eager_resumes_under_auto(recipe, tmp_path, kind):
+    """reward.kernels was eager up to tea_schema 2, auto since 3. A python reward never reads it (config.APPLIES_WHEN):
+    resumed under auto, nothing changed. An hf reward model scores the same within bf16 rounding with either kernels,
+    so the key is an execution key, as policy.kernels: taken and recorded in resume.jsonl, not refused."""
+    import copy
+
+    import yaml
+
+    from teacli.config import SCHEMA_KEY, schema_default
+
+    recipe = copy.deepcopy(recipe)
+    if kind == "hf":
+        recipe.reward.kind, recipe.reward.name_or_path = "hf", "some/rm"
+    run = run_dir(tmp_path, recipe, 2, [2], [2])
+    tree = yaml.safe_load(run.recipe.read_text())
+    then, now = schema_default("reward.kernels", 2), recipe.reward.kernels
+    assert (then, now) == ("eager", "auto")
+    tree[SCHEMA_KEY], tree["reward"]["kernels"] = 2, then
+    run.recipe.write_text(yaml.safe_dump(tree, sort_keys=False))
+    start = check_run_dir(run, recipe)
+    assert start.restart and start.step == 2
+    assert start.changed == ({} if kind == "python" else {"reward.kernels": (then, now)})

@@ -39,10 +39,10 @@ def run_with(monkeypatch, tmp_path):
     monkeypatch.setattr(backend, "init_world", lambda: world)
     monkeypatch.setattr(loop, "run_lock", lambda run, w: contextlib.nullcontext())
     monkeypatch.setattr(loop, "on_rank0", lambda w, fn, *args: fn(*args))
-    monkeypatch.setattr(loop, "check_run_dir", lambda run, recipe: types.SimpleNamespace(step=0))
+    monkeypatch.setattr(loop, "check_run_dir", lambda run, recipe: types.SimpleNamespace(step=0, changed={}))
 
     def run(function: str, steps=None):
-        def train_steps(recipe, run, world, start, is_level, engine_name):  # the run's files written, then the first reward call
+        def train_steps(recipe, run, world, start, is_level, engine_name, split=None):  # the run's files written, then the first reward call
             from teacli.rewards import build_reward, checked_score
             from teacli.types import Prompt
 
