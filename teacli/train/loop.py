@@ -264,15 +264,11 @@ def _train_steps(recipe: "Recipe", run: RunDir, world, resume: "Start", is_level
 
 def step_rollouts(s: TrainSession, recipe: "Recipe", world, ahead, step: int, position: int):
     """The step's groups on this rank (a Selection), the data position after them, and their times and weights'
-    version for metrics.jsonl. `ahead`: one step off-policy's OneStepAhead (teacli/train/offpolicy.py), or None."""
+    version for metrics.jsonl. `ahead`: None on-policy; else where the batches come from, made while the last step
+    trained: one step off-policy's OneStepAhead (teacli/train/offpolicy.py) or split placement's generation ranks
+    (SplitRollouts, teacli/train/split.py)."""
     from teacli.train import backend
 
-    from teacli.train.split import SplitRollouts
-
-    if isinstance(ahead, SplitRollouts):  # split placement: made on the generation ranks
-        batch, waited = ahead.take(step)
-        return batch.sel, batch.position, {**batch.times, "weights_version": batch.version, "staleness": step - batch.version,
-                                           "time_wait_rollouts": waited}
     if ahead is None:
         s.rollout.wake()
         with backend.generation_weights(s.engine, recipe.backend.zero_stage, s.rollout):
@@ -280,9 +276,7 @@ def step_rollouts(s: TrainSession, recipe: "Recipe", world, ahead, step: int, po
         s.rollout.sleep()
         return sel, position, {"time_generate": t_gen, "time_reward": t_rew, "weights_version": step}
     weights = lambda: backend.named_weights(s.engine.module, recipe.backend.zero_stage)  # noqa: E731
-    batch, waited = ahead.take(step, position, weights, version=step)
-    if step + 1 < recipe.optim.steps:
-        ahead.start(step + 1, batch.position, weights(), version=step)
+    batch, waited = ahead.next_batch(step, position, weights, more=step + 1 < recipe.optim.steps)
     return batch.sel, batch.position, {**batch.times, "weights_version": batch.version, "staleness": step - batch.version,
                                        "time_wait_rollouts": waited}
 

@@ -158,6 +158,15 @@ class OneStepAhead:
         batch = self.settle()
         return batch, time.perf_counter() - t0
 
+    def next_batch(self, step: int, position: int, weights: Callable[[], Any], more: bool) -> tuple[Batch, float]:
+        """The loop's call: step `step`'s batch (`take`) and the seconds the trainer waited for it, and, where `more`
+        steps follow, the next one begun from `weights()` (the weights this step starts from: one version behind the
+        update it is trained with)."""
+        batch, waited = self.take(step, position, weights, version=step)
+        if more:
+            self.start(step + 1, batch.position, weights(), version=step)
+        return batch, waited
+
     def settle(self) -> Batch:
         """Wait for the batch in flight (an error in its generation or reward is raised here, in the trainer)."""
         assert self.pending is not None, "no batch in flight"

@@ -239,6 +239,11 @@ class SplitRollouts:
             parts = [share(batch, a, c) for a, c in shares(self.prompts, self.world.world_size)]
         return backend.scatter_object(parts), waited
 
+    def next_batch(self, step: int, position: int, weights: Callable[[], Any], more: bool) -> tuple[Batch, float]:
+        """The loop's call, as `OneStepAhead.next_batch`: step `step`'s batch (the generators know its position and
+        get the weights by `push`), and the seconds trainer 0 waited for it."""
+        return self.take(step)
+
     def hold(self) -> None:
         """Staleness 1, at a checkpoint: trainer 0 takes the batch in flight now and keeps it for the next `take`."""
         if self.link is not None and self.staleness and self.kept is None and self.next < self.steps:
