@@ -7,8 +7,8 @@ number of consecutive batches fixed in advance. Even sizes pad wherever the leng
 end of a right-skewed length distribution, `rehearsal.lengths: realistic`); `least_padding` picks the sizes that
 compute the fewest tokens instead, with no batch computing more than a cap (the largest batch of the even cut: no
 more memory than before). It lives below both stages, which share it, and the planner (teacli/planner.py), which cuts
-drawn lengths as a run would to price their padding: `micro_sizes` is the trainer's cut, `batch_sizes` the reward
-model's.
+drawn lengths as a run would to price their padding: `micro_batches` (by `micro_sizes`) is the trainer's cut and
+`micro_padding` what it computes, `batch_sizes` the reward model's cut.
 """
 
 from __future__ import annotations
@@ -79,6 +79,52 @@ def micro_sizes(widths: Sequence[int], count: int) -> list[int]:
     if len(widths) < count:
         return even
     return least_padding(widths, count, max(computed(widths, even))) or even
+
+
+def micro_batches(lengths: Sequence[int], n: int, groups: Sequence[int] | None = None) -> list[list[int]]:
+    """The trainer's exactly `n` micro-batches of sequence indices (teacli/train/update.py), sorted by length (by group,
+    then length, when `groups` is given: the sequences of a prompt stay together, `optim.share_prompts`), then cut
+    into consecutive micro-batches.
+
+    Without groups (each sequence packed whole, `pack_tight`: a micro-batch computes its rows × its longest) the
+    cut is `micro_sizes` (more of the short sequences in a batch, fewer of the long); with groups, the even cut:
+    sizes that differ by at most one (the shorter sequences get the larger batches). With fewer sequences than `n`,
+    the last ones are empty. Exactly `n` backward passes make the last one DeepSpeed's gradient-accumulation boundary
+    by construction, whatever the number of sequences; how the sequences are cut changes only the order of the
+    gradient's terms.
+    """
+    key = (lambda i: lengths[i]) if groups is None else (lambda i: (groups[i], lengths[i]))
+    order = sorted(range(len(lengths)), key=key)
+    sizes = even_sizes(len(order), n) if groups is not None else micro_sizes([lengths[i] for i in order], n)
+    out, start = [], 0
+    for size in sizes:
+        out.append(order[start : start + size])
+        start += size
+    return out
+
+
+def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_keys: Sequence[object], batches: list[list[int]],
+                  shared: bool) -> tuple[int, int]:
+    """(padding tokens, tokens computed) of the micro-batches `batches` of sequences whose prompts and completions have
+    these lengths: a batch of whole sequences (left-padded) computes its rows × its longest sequence; a shared one
+    (`optim.share_prompts`) its distinct prompts (by `prompt_keys`) × the longest of them plus its rows × the longest
+    completion (each at least one column, as they pad). An empty micro-batch's zero-weight pass over the first
+    batch's first sequence is computed too."""
+    pad = total = 0
+    for idx in batches:
+        idx = idx or batches[0][:1]
+        comps = [completions[i] for i in idx]
+        if shared:
+            firsts = list({prompt_keys[i]: prompts[i] for i in idx}.values())
+            batch = len(firsts) * max(1, *firsts) + len(comps) * max(1, *comps)
+            real = sum(firsts) + sum(comps)
+        else:
+            totals = [prompts[i] + n for i, n in zip(idx, comps)]
+            batch = len(totals) * max(max(1, *comps) + 1, *totals)
+            real = sum(totals)
+        pad += batch - real
+        total += batch
+    return pad, total
 
 
 def batch_sizes(widths: Sequence[int], batch_size: int) -> list[int]:

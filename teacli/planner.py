@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from teacli.config import Recipe
 
 from teacli.memory import activation_bytes, memory_plan, state_bytes
-from teacli.padding import batch_sizes, even_sizes, micro_sizes
+from teacli.padding import batch_sizes, micro_batches, micro_padding
 from teacli.standins import (PROMPT_MEDIAN, PROMPT_MIN, PROMPT_SIGMA, RESPONSE_MEDIAN, RESPONSE_SIGMA, Shape, model_shape,
                              prompt_lengths, response_lengths)
 
@@ -312,33 +312,12 @@ def decoded(lengths: Lengths, wave: int, group: int, max_prompt: int, max_new: i
 
 
 def _train_padding(prompts: list[int], responses: list[int], group: int, micro: int, shared: bool) -> tuple[int, int]:
-    """(padding, tokens computed) of `micro` micro-batches of these sequences, as teacli/train/batching.py cuts them
-    (`micro_batches`: by group, even sizes, where prompts are shared; else by length, `teacli.padding.micro_sizes`) and
-    counts them (`padding`: shared, each distinct prompt once and the completions to the longest; else rows × the
-    longest sequence). prompts[P], responses[P × group] prompt-major."""
-    seqs = [(i // group, prompts[i // group], x) for i, x in enumerate(responses)]  # (group, prompt, response)
-    if shared:
-        order = sorted(seqs, key=lambda s: (s[0], s[1] + s[2]))
-        sizes = even_sizes(len(order), micro)
-    else:
-        order = sorted(seqs, key=lambda s: s[1] + s[2])
-        sizes = micro_sizes([p + x for _, p, x in order], micro)
-    pad = total = start = 0
-    for size in sizes:
-        batch = order[start : start + size] or order[:1]  # an empty micro-batch's zero-weight pass over one sequence
-        start += size
-        comps = [x for *_, x in batch]
-        if shared:
-            firsts = list({g: p for g, p, _ in batch}.values())
-            width = len(firsts) * max(1, *firsts) + len(comps) * max(1, *comps)
-            real = sum(firsts) + sum(comps)
-        else:
-            totals = [p + x for _, p, x in batch]
-            width = len(totals) * max(max(1, *comps) + 1, *totals)
-            real = sum(totals)
-        pad += width - real
-        total += width
-    return pad, total
+    """(padding, tokens computed) of `micro` micro-batches of these sequences, cut and counted as the trainer cuts and
+    counts them (`teacli.padding.micro_batches`, `micro_padding`). prompts[P], responses[P × group] prompt-major."""
+    groups = [i // group for i in range(len(responses))]
+    seq_prompts = [prompts[g] for g in groups]
+    batches = micro_batches([p + x for p, x in zip(seq_prompts, responses)], micro, groups if shared else None)
+    return micro_padding(seq_prompts, responses, groups, batches, shared)
 
 
 def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_size: int, shared: bool) -> tuple[int, int]:

@@ -564,7 +564,8 @@ def test_the_mean_of_a_clipped_log_normal_is_exact():
 def test_the_planners_train_padding_is_what_the_trainer_computes(shared):
     """`_train_padding` on drawn lengths is the padding teacli/train/batching.py's own cut and count give the same
     sequences (what metrics.jsonl pad_frac_train records)."""
-    from teacli.train.batching import micro_batches, padding
+    from teacli.padding import micro_batches
+    from teacli.train.batching import padding
 
     p, r = planner.Lengths().draw(8, 64, 3, 1024, 512)
     seq_prompt = [[g] * p[g] for g in range(8) for _ in range(64)]  # distinct prompts: distinct token lists
@@ -590,7 +591,8 @@ def test_realistic_lengths_price_the_mean_sequence_its_padding_and_the_longest_r
     token-weighted mean length; generation decodes a wave's longest response over its longest prompt; memory is
     priced at the longest sequence a run holds (data.max_prompt_tokens + rollout.max_new_tokens)."""
     from teacli.standins import model_shape
-    from teacli.train.batching import micro_batches, padding
+    from teacli.padding import micro_batches
+    from teacli.train.batching import padding
 
     recipe = _uf_llama1b("rehearsal.lengths=realistic")
     e = planner.estimate(recipe, card="h200")

@@ -1,9 +1,9 @@
 """How a step's sequences become batches: the data stream's order, exactly n micro-batches, padding and packing.
 
-`stream_prompts` names the prompts of a data position (seeded epochs, identical on resume); `micro_batches` cuts a
-rank's sequences into exactly the engine's gradient-accumulation count of length-sorted micro-batches, so a step is
-one optimizer update whatever the lengths; `pack_tight` / `pack_shared` pad them (each sequence whole, left-padded;
-shared: each distinct prompt once, left-padded, and the completions right-padded, for
+`stream_prompts` names the prompts of a data position (seeded epochs, identical on resume); the micro-batches are cut
+by `teacli.padding.micro_batches` (exactly the engine's gradient-accumulation count of length-sorted micro-batches, so
+a step is one optimizer update whatever the lengths); `pack_tight` / `pack_shared` pad them (each sequence whole,
+left-padded; shared: each distinct prompt once, left-padded, and the completions right-padded, for
 `logprobs.shared_prompt_logprobs`; `pack`, the prompt left-padded and the completion right-padded, is what the
 behaviour log-probs and the diagnostics read); `packed_micro_batches` moves them to the device before the first
 forward; `token_counts` says what each phase processed, `padding` how much of what the micro-batches compute is
@@ -41,30 +41,6 @@ def stream_prompts(prompts: list[Any], start: int, count: int, seed: int) -> lis
     for k in range(start, start + count):
         epoch, pos = divmod(k, n)
         out.append(prompts[prompt_order(n, seed, epoch)[pos]])
-    return out
-
-
-def micro_batches(lengths: list[int], n: int, groups: list[int] | None = None) -> list[list[int]]:
-    """Exactly `n` micro-batches of sequence indices, sorted by length (by group, then length, when `groups` is
-    given: the sequences of a prompt stay together), then cut into consecutive micro-batches.
-
-    Without groups (each sequence packed whole, `pack_tight`: a micro-batch computes its rows × its longest) the
-    cut is the one that computes the fewest tokens with no micro-batch computing more than the largest of the even
-    cut (`teacli.padding.least_padding`: more of the short sequences in a batch, fewer of the long); with groups, or
-    where that search is too large, the even cut: sizes that differ by at most one (the shorter sequences get the
-    larger batches). With fewer sequences than `n`, the last ones are empty. Exactly `n` backward passes make the
-    last one DeepSpeed's gradient-accumulation boundary by construction, whatever the number of sequences; how the
-    sequences are cut changes only the order of the gradient's terms.
-    """
-    from teacli.padding import even_sizes, micro_sizes
-
-    key = (lambda i: lengths[i]) if groups is None else (lambda i: (groups[i], lengths[i]))
-    order = sorted(range(len(lengths)), key=key)
-    sizes = even_sizes(len(order), n) if groups is not None else micro_sizes([lengths[i] for i in order], n)
-    out, start = [], 0
-    for size in sizes:
-        out.append(order[start : start + size])
-        start += size
     return out
 
 
@@ -171,25 +147,11 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
 
 
 def padding(seq_prompt: list[list[int]], seq_comp: list[list[int]], batches: list[list[int]], shared: bool) -> tuple[int, int]:
-    """(padding tokens, tokens computed) of the micro-batches `packed_micro_batches` packs, from the lengths alone: a
-    `pack_tight` batch computes its rows × its longest sequence, a `pack_shared` one its distinct prompts × the
-    longest of them plus its rows × the longest completion (each at least one column, as they pad). An empty
-    micro-batch's zero-weight pass over one sequence is computed too."""
-    pad = computed = 0
-    for idx in batches:
-        idx = idx or batches[0][:1]
-        comps = [len(seq_comp[i]) for i in idx]
-        if shared:
-            prompts = [len(p) for p in {tuple(seq_prompt[i]) for i in idx}]
-            batch = len(prompts) * max(1, *prompts) + len(comps) * max(1, *comps)
-            real = sum(prompts) + sum(comps)
-        else:
-            totals = [len(seq_prompt[i]) + n for i, n in zip(idx, comps)]
-            batch = len(totals) * max(max(1, *comps) + 1, *totals)
-            real = sum(totals)
-        pad += batch - real
-        computed += batch
-    return pad, computed
+    """(padding tokens, tokens computed) of the micro-batches `packed_micro_batches` packs (`teacli.padding.micro_padding`
+    of their lengths, each distinct prompt once where they are shared)."""
+    from teacli.padding import micro_padding
+
+    return micro_padding([len(p) for p in seq_prompt], [len(c) for c in seq_comp], [tuple(p) for p in seq_prompt], batches, shared)
 
 
 def pad_share(pad: int, computed: int) -> float:

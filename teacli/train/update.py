@@ -8,7 +8,8 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from teacli.train.batching import micro_batches, packed_micro_batches, pad_share, padding
+from teacli.padding import micro_batches
+from teacli.train.batching import packed_micro_batches, pad_share, padding
 from teacli.train.errors import TrainError
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(TESTS))
 
 
 def test_micro_batches_are_exactly_n_sorted_and_even():
-    from teacli.train.batching import micro_batches
+    from teacli.padding import micro_batches
 
     lengths = [9, 3, 7, 3, 12, 5, 1]
     batches = micro_batches(lengths, 3)
