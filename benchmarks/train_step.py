@@ -89,7 +89,7 @@ def allreduce_seconds(numel: int, dtype, device, repeats: int = 5, warmup: int =
 def prompt_runs(engine, reference, recipe, groups) -> int:
     """How many prompts the training forward ran: one per sequence, or with optim.share_prompts one per
     distinct prompt of each micro-batch (MFU counts the tokens actually computed)."""
-    from teacli.train.batching import micro_batches
+    from teacli.padding import micro_batches
     from teacli.train.update import shares_prompts
 
     seq_group = [p for p, g in enumerate(groups) for _ in g]
