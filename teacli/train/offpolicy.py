@@ -99,6 +99,31 @@ def behaviour_logprobs(model, sel: "Selection", pad_id: int, batch_size: int) ->
         model.train(was_training)
 
 
+def make_batch(generated: tuple, version: int, model, pad_id: int, batch_size: int) -> Batch:
+    """A Batch of `generated` (the loop's `generate_step`: Selection, position after, generation s, reward s) sampled
+    from weights `version` updates old, with its behaviour log-probs under `model` where one is given (the correction
+    is on)."""
+    sel, after, t_gen, t_rew = generated
+    t0 = time.perf_counter()
+    if model is not None:
+        behaviour_logprobs(model, sel, pad_id, batch_size)
+    return Batch(sel, after, version, {"time_generate": t_gen, "time_reward": t_rew, "time_behaviour": time.perf_counter() - t0})
+
+
+def save_batch(batch: Batch, path: Path) -> None:
+    """A batch in flight into a checkpoint being made (read back by `load_batch`)."""
+    import torch
+
+    torch.save({"sel": batch.sel, "position": batch.position, "version": batch.version, "times": batch.times}, path)
+
+
+def load_batch(path: Path) -> Batch:
+    import torch
+
+    state = torch.load(path, weights_only=False)
+    return Batch(state["sel"], state["position"], state["version"], state["times"])
+
+
 class OneStepAhead:
     """The rollouts of a one-step-off-policy run (module docstring): `take` the step's batch, `start` the next one."""
 
@@ -124,14 +149,11 @@ class OneStepAhead:
         import torch
 
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            sel, after, t_gen, t_rew = self.generate(self.rollout, step, position)
-            t0 = time.perf_counter()
-            if self.behaviour:
-                behaviour_logprobs(self.model, sel, self.pad_id, self.batch_size)
+            batch = make_batch(self.generate(self.rollout, step, position), version, self.model if self.behaviour else None,
+                               self.pad_id, self.batch_size)
             if stream is not None:
                 stream.synchronize()
-        return Batch(sel, after, version, {"time_generate": t_gen, "time_reward": t_rew,
-                                           "time_behaviour": time.perf_counter() - t0})
+        return batch
 
     def start(self, step: int, position: int, weights: Any, version: int) -> None:
         """Copy `weights` (the trainer's, `version` updates old) into the sampler and begin step `step`'s batch from
@@ -184,26 +206,18 @@ class OneStepAhead:
     def save_pending(self, directory: Path, rank: int) -> None:
         """The batch in flight, awaited and written into a checkpoint being made (it becomes `kept` again, so the
         run goes on with it)."""
-        import torch
-
         self.hold()
-        if self.kept is None:
-            return
-        batch = self.kept
-        torch.save({"sel": batch.sel, "position": batch.position, "version": batch.version, "times": batch.times},
-                   directory / PENDING.format(rank=rank))
+        if self.kept is not None:
+            save_batch(self.kept, directory / PENDING.format(rank=rank))
 
     def load_pending(self, directory: Path, rank: int) -> int | None:
         """A checkpoint's kept batch for this rank, to train next; returns the data position after it (None: the
         checkpoint has none, so the next batch is generated on resume)."""
-        import torch
-
         path = directory / PENDING.format(rank=rank)
         if not path.exists():
             return None
-        state = torch.load(path, weights_only=False)
-        self.kept = Batch(state["sel"], state["position"], state["version"], state["times"])
-        return state["position"]
+        self.kept = load_batch(path)
+        return self.kept.position
 
     def close(self) -> None:
         """Stop: a batch still in flight is left to finish on its own (a stopped run does not wait for it)."""

@@ -77,6 +77,23 @@ def dropped_warning(report: dict[str, Any]) -> str | None:
             f"after the chat template (longest {longest}); raise data.max_prompt_tokens to train on them")
 
 
+def open_inputs(recipe: "Recipe") -> tuple["Recipe", Any, tuple]:
+    """What a run loads before any model, so that a wrong stop token or data error stops at once: the recipe as loaded
+    (in a rehearsal, stand-ins of its models and data; recipe.yaml keeps the real names), the tokenizer and the
+    encoded splits (`encode_splits`). The trainers and split placement's generation ranks both load them here, so
+    their data orders agree. A TrainError names what is wrong."""
+    loaded = recipe
+    try:
+        if recipe.rehearsal.enabled:
+            from teacli import standins
+
+            loaded = standins.stand_in(recipe)
+        tokenizer = open_tokenizer(loaded.policy, recipe.rollout.stop_tokens)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    return loaded, tokenizer, encode_splits(tokenizer, loaded)
+
+
 def setup(recipe: "Recipe", world, is_level: str, engine_name: str) -> TrainSession:
     """Models, reward, data, engines: everything the loop needs, built once. is_level: the resolved
     rollout.is_correction (the vllm engine returns every sampled token's log-prob only where it is on);
@@ -91,20 +108,11 @@ def setup(recipe: "Recipe", world, is_level: str, engine_name: str) -> TrainSess
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    loaded = recipe  # what is loaded: in a rehearsal, stand-ins of the recipe's models and data (recipe.yaml keeps the real names)
     if recipe.rehearsal.enabled:
         from teacli import standins
 
         say(world, standins.banner(recipe))
-        try:
-            loaded = standins.stand_in(recipe)
-        except ValueError as exc:
-            raise TrainError(str(exc)) from None
-    try:  # before any model: a stop token that is not one token stops at once
-        tokenizer = open_tokenizer(loaded.policy, recipe.rollout.stop_tokens)
-    except ValueError as exc:
-        raise TrainError(str(exc)) from None
-    train_prompts, val_prompts, data_report = encode_splits(tokenizer, loaded)  # before any model: a data error stops at once
+    loaded, tokenizer, (train_prompts, val_prompts, data_report) = open_inputs(recipe)
     say(world, f"loading the policy {recipe.policy.name_or_path} on {world.device.type}" + (" (a stand-in: random weights)" if recipe.rehearsal.enabled else ""))
     policy = models.load_policy(loaded.policy, dtype=torch.float32, device=world.device)
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from teacli.train.offpolicy import Batch
+from teacli.train.offpolicy import Batch, load_batch, make_batch, save_batch
 from teacli.train.sharding import shares
 
 if TYPE_CHECKING:
@@ -251,24 +251,17 @@ class SplitRollouts:
 
     def save_pending(self, directory: Path, rank: int) -> None:
         """The batch in flight, whole, into a checkpoint being made (trainer 0)."""
-        import torch
-
         self.hold()
-        if self.link is None or self.kept is None:
-            return
-        b = self.kept
-        torch.save({"sel": b.sel, "position": b.position, "version": b.version, "times": b.times}, directory / PENDING)
+        if self.link is not None and self.kept is not None:
+            save_batch(self.kept, directory / PENDING)
 
     def load_pending(self, directory: Path) -> bool:
         """A checkpoint's batch in flight, kept by trainer 0 to train next; whether the checkpoint had one (every
         trainer gets the answer)."""
-        import torch
-
         from teacli.train import backend
 
         if self.link is not None and (directory / PENDING).exists():
-            state = torch.load(directory / PENDING, weights_only=False)
-            self.kept = Batch(state["sel"], state["position"], state["version"], state["times"])
+            self.kept = load_batch(directory / PENDING)
         return bool(backend.broadcast_object(self.kept is not None))
 
     def close(self) -> None:
@@ -285,23 +278,18 @@ def open_generator(recipe: "Recipe", world):
     import torch
 
     from teacli.rewards import build_reward
-    from teacli.session import open_tokenizer
     from teacli.train import backend
     from teacli.train.offpolicy import open_sampler
-    from teacli.train.setup import encode_splits
+    from teacli.train.setup import open_inputs
 
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    loaded = recipe
-    if recipe.rehearsal.enabled:
-        from teacli import standins
-
-        loaded = standins.stand_in(recipe)
-    tokenizer = open_tokenizer(loaded.policy, recipe.rollout.stop_tokens)
-    train_prompts, _, _ = encode_splits(tokenizer, loaded)
+    loaded, tokenizer, (train_prompts, _, _) = open_inputs(recipe)
     reward = build_reward(loaded.reward, device=world.device, tokenizer=tokenizer)
     model, rollout = open_sampler(recipe, loaded.policy, tokenizer, world.device, dtype, recipe.seed + world.rank, None)
     if recipe.rehearsal.enabled:
+        from teacli import standins
+
         standins.end_responses(recipe, rollout)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return tokenizer, train_prompts, reward, model, rollout, pad_id
@@ -315,8 +303,6 @@ def run_generator(recipe: "Recipe", world, split, is_level: str, generate: Calla
 
     import torch
 
-    from teacli.train.offpolicy import behaviour_logprobs
-
     torch.manual_seed(recipe.seed + world.rank)
     random.seed(recipe.seed + world.rank)
     _, train_prompts, reward, model, rollout, pad_id = open_generator(recipe, world)
@@ -326,11 +312,8 @@ def run_generator(recipe: "Recipe", world, split, is_level: str, generate: Calla
         return
 
     def make(step: int, position: int, version: int) -> Batch:
-        sel, after, t_gen, t_rew = generate(rollout, reward, train_prompts, step, position)
-        t0 = time.perf_counter()
-        if is_level != "off":
-            behaviour_logprobs(model, sel, pad_id, recipe.rollout.batch_size)
-        return Batch(sel, after, version, {"time_generate": t_gen, "time_reward": t_rew, "time_behaviour": time.perf_counter() - t0})
+        return make_batch(generate(rollout, reward, train_prompts, step, position), version,
+                          model if is_level != "off" else None, pad_id, recipe.rollout.batch_size)
 
     def pull() -> tuple[int, float]:
         t0 = time.perf_counter()
