@@ -236,6 +236,36 @@ def sync(device) -> None:
 # tea
 
 
+def _update_and_push(engine, reference, recipe, rollout, prompt_ids, groups, advantages, pad_id, device, is_level, args, profile,
+                     n_params) -> dict:
+    """tea's update (`train_step`) and the push of its weights to the rollout engine after it, timed: the row's fields
+    both workloads share (the reference's and the backward's seconds, the push's, tokens, MFU, peak memory, the
+    engine's sync and the correction's statistics)."""
+    import torch
+
+    from teacli.train import backend
+    from teacli.train.update import train_step
+
+    t2 = time.perf_counter()
+    with _profiler(profile, args.profile, "training phase", device):
+        stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id, device, is_level=is_level)
+        sync(device)
+    t3 = time.perf_counter()
+    rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))  # a no-op for the hf engine
+    sync(device)
+    t4 = time.perf_counter()
+    new_tokens = sum(len(c.token_ids) for g in groups for c in g)
+    trained_tokens = new_tokens + prompt_runs(engine, reference, recipe, groups) * args.prompt_len
+    backward = t3 - t2 - stats["time_ref_logprobs"]
+    return {
+        "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward, "sync_s": t4 - t3, "new_tokens": new_tokens,
+        "mfu_backward_step": 6 * n_params * trained_tokens / backward / DENSE_BF16_FLOPS,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+        **{k: v for k, v in rollout.stats().items() if k.startswith(("sync_", "vllm_", "gpu_"))},
+        **{k: v for k, v in stats.items() if k.startswith("is_")},
+    }
+
+
 def run_tea(args, device) -> dict:
     import torch
     from transformers import LlamaForCausalLM
@@ -247,7 +277,7 @@ def run_tea(args, device) -> dict:
     from teacli.logprobs import resolved_kind
     from teacli.rollout.hf import HFEngine
     from teacli.train import backend
-    from teacli.train.update import shares_prompts, train_step
+    from teacli.train.update import shares_prompts
     from teacli.types import SamplingConfig
 
     world = backend.init_world()
@@ -312,25 +342,10 @@ def run_tea(args, device) -> dict:
         rewards = torch.tensor([reward_of(c.text) for g in groups for c in g]).reshape(args.prompts, args.group_size)
         advantages = compute_advantages("tea", rewards.double()).float()
         t2 = time.perf_counter()
-        with _profiler(profile, args.profile, "training phase", device):
-            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, tokenizer.pad_token_id, device, is_level=is_level)
-            sync(device)
-        t3 = time.perf_counter()
-        rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))  # a no-op for the hf engine
-        sync(device)
-        t4 = time.perf_counter()
-        new_tokens = sum(len(c.token_ids) for g in groups for c in g)
-        trained_tokens = new_tokens + prompt_runs(engine, reference, recipe, groups) * args.prompt_len
-        backward = t3 - t2 - stats["time_ref_logprobs"]
-        rows.append({
-            "step": step, "step_s": t4 - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1,
-            "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward, "sync_s": t4 - t3,
-            "new_tokens": new_tokens, "gen_tok_per_s": new_tokens / (t1 - t0),
-            "mfu_backward_step": 6 * n_params * trained_tokens / backward / DENSE_BF16_FLOPS,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
-            **{k: v for k, v in rollout.stats().items() if k.startswith(("sync_", "vllm_", "gpu_"))},
-            **{k: v for k, v in stats.items() if k.startswith("is_")},
-        })
+        update = _update_and_push(engine, reference, recipe, rollout, prompt_ids, groups, advantages, tokenizer.pad_token_id, device,
+                                  is_level, args, profile, n_params)
+        rows.append({"step": step, "step_s": time.perf_counter() - t0, "generate_s": t1 - t0, "reward_adv_s": t2 - t1, **update,
+                     "gen_tok_per_s": update["new_tokens"] / (t1 - t0)})
         print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
     settings = {
         "precision": recipe.backend.precision, "zero": 2, "micro_batch": args.tea_micro_batch,
@@ -361,7 +376,7 @@ def run_tea_paper(args, device) -> dict:
     from teacli.train import backend
     from teacli.train.batching import stream_prompts
     from teacli.train.setup import setup
-    from teacli.train.update import shares_prompts, train_step
+    from teacli.train.update import shares_prompts
 
     world = backend.init_world()
     recipe = paper_recipe(args)
@@ -384,26 +399,10 @@ def run_tea_paper(args, device) -> dict:
             _, prompt_ids, groups, rewards, t_gen, t_rew = generate_and_score(rollout, reward, batch, recipe, m, seed=step)
             rollout.sleep()
         advantages = compute_advantages(recipe.advantage.name, rewards.double(), **recipe.advantage.params).float()
-        t2 = time.perf_counter()
-        with _profiler(profile, args.profile, "training phase", device):
-            stats = train_step(engine, reference, recipe, prompt_ids, groups, advantages, s.pad_id, device, is_level=is_level)
-            sync(device)
-        t3 = time.perf_counter()
-        rollout.load_weights(backend.named_weights(engine.module, recipe.backend.zero_stage))  # a no-op for the hf engine
-        sync(device)
-        t4 = time.perf_counter()
-        new_tokens = sum(len(c.token_ids) for g in groups for c in g)
-        trained_tokens = new_tokens + prompt_runs(engine, reference, recipe, groups) * args.prompt_len
-        backward = t3 - t2 - stats["time_ref_logprobs"]
-        rows.append({
-            "step": step, "step_s": t4 - t0, "generate_s": t_gen, "reward_s": t_rew,
-            "ref_logprobs_s": stats["time_ref_logprobs"], "backward_step_s": backward, "sync_s": t4 - t3,
-            "new_tokens": new_tokens, "gen_tok_per_s": new_tokens / t_gen, "reward_tokens": reward.tokens_scored - scored,
-            "mfu_backward_step": 6 * n_params * trained_tokens / backward / DENSE_BF16_FLOPS,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
-            **{k: v for k, v in rollout.stats().items() if k.startswith(("sync_", "vllm_", "gpu_"))},
-            **{k: v for k, v in stats.items() if k.startswith("is_")},
-        })
+        update = _update_and_push(engine, reference, recipe, rollout, prompt_ids, groups, advantages, s.pad_id, device, is_level,
+                                  args, profile, n_params)
+        rows.append({"step": step, "step_s": time.perf_counter() - t0, "generate_s": t_gen, "reward_s": t_rew, **update,
+                     "gen_tok_per_s": update["new_tokens"] / t_gen, "reward_tokens": reward.tokens_scored - scored})
         print(f"tea step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "step"), file=sys.stderr, flush=True)
     settings = {
         "recipe": recipe.name, "precision": backend.resolve_precision(recipe.backend.precision, device),
