@@ -117,6 +117,19 @@ def shared_batch():
     return [prompts[o] for o in owner], completions
 
 
+def assert_shared_equals_whole(shared, g_shared, whole, g_whole, cmask):
+    """Shared-prompt log-probs (0 off the completions, negative on them) and their parameter gradients equal those of
+    the whole sequences."""
+    import torch
+
+    valid = cmask.bool()
+    assert (shared[~valid] == 0).all() and (shared[valid] < 0).all()
+    torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
+    assert g_whole.keys() == g_shared.keys() and "model.embed_tokens.weight" in g_shared
+    for name in g_whole:
+        torch.testing.assert_close(g_shared[name], g_whole[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "sdpa_gqa", "eager"])
 def test_shared_prompts_equal_concatenated_sequences(tok, attention):
     """Same log-probs and the same parameter gradients as running each prompt + completion whole."""
@@ -139,12 +152,7 @@ def test_shared_prompts_equal_concatenated_sequences(tok, attention):
             (value * weights).sum().backward()
             results.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (whole, g_whole), (shared, g_shared) = results
-    valid = cmask.bool()
-    assert (shared[~valid] == 0).all() and (shared[valid] < 0).all()
-    torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
-    assert g_whole.keys() == g_shared.keys() and "model.embed_tokens.weight" in g_shared
-    for name in g_whole:
-        torch.testing.assert_close(g_shared[name], g_whole[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert_shared_equals_whole(shared, g_shared, whole, g_whole, cmask)
 
 
 def test_shared_prompts_not_with_reentrant_checkpointing_or_plain_models(tok):
@@ -226,12 +234,8 @@ def test_shared_prompts_with_checkpointed_layers_equal_concatenated_sequences(to
         whole, g_whole, _ = run(model, whole_run)
         unckpt, g_unckpt, _ = run(plain, shared_run)
         shared, g_shared, count = run(model, shared_run)
-    valid = cmask.bool()
-    assert (shared[~valid] == 0).all() and (shared[valid] < 0).all()
-    torch.testing.assert_close(shared, whole, rtol=1e-5, atol=1e-5)
-    assert g_whole.keys() == g_shared.keys() and "model.embed_tokens.weight" in g_shared
+    assert_shared_equals_whole(shared, g_shared, whole, g_whole, cmask)
     for name in g_whole:
-        torch.testing.assert_close(g_shared[name], g_whole[name], rtol=1e-4, atol=1e-5, msg=name)
         torch.testing.assert_close(g_shared[name], g_unckpt[name], rtol=1e-6, atol=1e-6, msg=name)
     torch.testing.assert_close(shared, unckpt, rtol=0, atol=1e-6)
     # every layer ran the 3 prompts once (8 columns) and the 6 completions' first 5 tokens, not 6 x (8 + 6)

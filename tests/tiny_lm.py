@@ -199,14 +199,15 @@ def tiny_study(root: Path, steps: int = 1) -> dict[str, Any]:
     return study
 
 
-def kill_after(rec: Path, run: Path, tmp: Path, rows: int, timeout: float = 300) -> None:
-    """Start `tea train REC --run-dir RUN` and SIGKILL its process group once metrics.jsonl has `rows` lines."""
+def kill_after(rec: Path, run: Path, tmp: Path, rows: int, timeout: float = 300, cmd: list[str] | None = None) -> None:
+    """Start `tea train REC --run-dir RUN` (or `cmd`: the same under a launcher) and SIGKILL its process group once
+    metrics.jsonl has `rows` lines."""
     import signal
     import subprocess
     import sys
     import time
 
-    cmd = [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
+    cmd = cmd or [sys.executable, "-m", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tea_env(tmp), start_new_session=True)
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -215,3 +216,23 @@ def kill_after(rec: Path, run: Path, tmp: Path, rows: int, timeout: float = 300)
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def assert_resumed_like(run: Path, reference: Path, steps: int, keys: tuple[str, ...]) -> None:
+    """`run`, killed and resumed, logged steps 1 … `steps` with each of `keys` as the uninterrupted `reference` did
+    (rel 1e-5), and its last checkpoint's weights are the reference's (atol 1e-5)."""
+    import json
+
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    rows, ref = ([json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()] for r in (run, reference))
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    for a, b in zip(rows, ref):
+        for key in keys:
+            assert a[key] == pytest.approx(b[key], rel=1e-5), (a["step"], key)
+    last = f"step_{steps:06d}"
+    final = load_file(str(run / "checkpoints" / last / "model.safetensors"))
+    want = load_file(str(reference / "checkpoints" / last / "model.safetensors"))
+    assert all(torch.allclose(final[k], want[k], atol=1e-5) for k in want)

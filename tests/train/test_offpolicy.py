@@ -165,9 +165,7 @@ def test_one_step_off_trains_and_a_kill_resumes_with_the_batch_in_flight(assets,
     """lr > 0: every batch after the first is one update behind the trainer and the ratios leave 1. A run killed
     after checkpoint 2 resumes from it with the batch that was in flight (kept in the checkpoint), and its
     metrics and final weights equal the uninterrupted run's."""
-    import torch
-    from safetensors.torch import load_file
-    from tiny_lm import kill_after
+    from tiny_lm import assert_resumed_like, kill_after
 
     rec = recipe(assets, tmp_path, rollout__max_staleness=1, optim__steps=6, reward__function="rewards_for_tests:slow_length_reward")
     reference = tmp_path / "reference"
@@ -184,14 +182,7 @@ def test_one_step_off_trains_and_a_kill_resumes_with_the_batch_in_flight(assets,
     kill_after(rec, run, tmp_path, rows=3)  # mid-step 4: after checkpoint 2, before checkpoint 4
     assert (run / "checkpoints" / "step_000002").is_dir() and not (run / "checkpoints" / "step_000004").exists()
     tea_train(rec, run, tmp_path)
-    rows = metrics(run)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    for a, b in zip(rows, ref):
-        for key in ("reward_mean", "loss", "is_ratio_mean", "weights_version"):
-            assert a[key] == pytest.approx(b[key], rel=1e-5), (a["step"], key)
-    final = load_file(str(run / "checkpoints" / "step_000006" / "model.safetensors"))
-    want = load_file(str(reference / "checkpoints" / "step_000006" / "model.safetensors"))
-    assert all(torch.allclose(final[k], want[k], atol=1e-5) for k in want)
+    assert_resumed_like(run, reference, 6, ("reward_mean", "loss", "is_ratio_mean", "weights_version"))
 
 
 @pytest.mark.slow

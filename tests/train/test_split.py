@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -133,9 +131,7 @@ def test_one_step_off_split_trains_one_version_behind_and_a_kill_resumes_exactly
     first batch (sampled from the weights it trains) and leave 1 after. A run killed after checkpoint 2 resumes with the
     batch in flight kept in the checkpoint and reproduces the uninterrupted run; resuming it colocated is refused unless
     the recipe sets rollout.colocated explicitly."""
-    import torch
-    from safetensors.torch import load_file
-    from tiny_lm import tea_env
+    from tiny_lm import assert_resumed_like, kill_after
 
     rec = recipe(assets, tmp_path, optim__steps=5, reward__function="rewards_for_tests:slow_length_reward",
                  **split(rollout__max_staleness=1))
@@ -149,25 +145,10 @@ def test_one_step_off_split_trains_one_version_behind_and_a_kill_resumes_exactly
     assert (reference / "checkpoints" / "step_000002" / "pending_split.pt").is_file()
 
     run = tmp_path / "killed"
-    proc = subprocess.Popen(command(rec, run, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tea_env(tmp_path),
-                            start_new_session=True)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_after(rec, run, tmp_path, rows=3, timeout=600, cmd=command(rec, run, 2))
     assert (run / "checkpoints" / "step_000002").is_dir() and not (run / "checkpoints" / "step_000004").exists()
     tea_train(rec, run, tmp_path, 2)
-    rows = metrics(run)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
-    for a, b in zip(rows, ref):
-        for key in ("reward_mean", "loss", "is_ratio_mean", "weights_version"):
-            assert a[key] == pytest.approx(b[key], rel=1e-5), (a["step"], key)
-    final = load_file(str(run / "checkpoints" / "step_000005" / "model.safetensors"))
-    want = load_file(str(reference / "checkpoints" / "step_000005" / "model.safetensors"))
-    assert all(torch.allclose(final[k], want[k], atol=1e-5) for k in want)
+    assert_resumed_like(run, reference, 5, ("reward_mean", "loss", "is_ratio_mean", "weights_version"))
 
     # the same recipe without the key (colocated at its default) on one process: refused, naming the key
     from tiny_lm import tiny_recipe, write_recipe
