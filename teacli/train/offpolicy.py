@@ -139,7 +139,7 @@ class OneStepAhead:
         self.batch_size = batch_size
         self.behaviour = behaviour
         self.lora_module = lora_module
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tea-rollout")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tea-rollout", initializer=own_cudagraph_state)
         self.pending: Future | None = None
         self.kept: Batch | None = None  # a resumed run's batch in flight, read from its checkpoint
 
@@ -223,6 +223,25 @@ class OneStepAhead:
         """Stop: a batch still in flight is left to finish on its own (a stopped run does not wait for it)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.pending = None
+
+
+def own_cudagraph_state() -> None:
+    """Give this thread its own CUDA-graph tree managers (the rollout thread's initializer).
+
+    The hf engine's compiled decode step replays CUDA graphs (`torch.compile` mode reduce-overhead), whose managers
+    torch keeps in thread-local state. torch before 2.13 sets that state up only in the thread that first imported
+    `torch._inductor.cudagraph_trees` and fails an assertion (`torch._C._is_key_in_tls`) in any other: on an H200
+    with torch 2.11, a staleness-1 run whose step-0 validation compiled the decode step on the main thread stopped at
+    the rollout thread's first generation. The sampler generates only from this thread, so its graphs live here."""
+    import threading
+    from collections import defaultdict
+
+    from torch._inductor import cudagraph_trees
+
+    state = cudagraph_trees.local  # a threading.local: attributes set here belong to this thread only
+    if not hasattr(state, "tree_manager_containers"):
+        state.tree_manager_containers = {}
+        state.tree_manager_locks = defaultdict(threading.Lock)
 
 
 def open_sampler(recipe, loaded_policy, tokenizer, device, dtype, seed: int, kernels: Any):

@@ -90,6 +90,34 @@ def test_token_correction_with_hf_is_accepted_one_step_off(tmp_path):
 # The weight transfer
 
 
+def test_the_rollout_thread_has_cuda_graph_state_of_its_own():
+    """torch < 2.13 keeps CUDA-graph tree managers in state that only the importing thread has (the compiled decode
+    step failed `assert torch._C._is_key_in_tls` in the rollout thread on an H200 with torch 2.11): the rollout
+    thread sets up its own before it generates."""
+    import threading
+
+    from torch._inductor import cudagraph_trees
+
+    from teacli.train.offpolicy import OneStepAhead
+
+    def own_state():
+        return hasattr(cudagraph_trees.local, "tree_manager_containers"), cudagraph_trees.local.__dict__.get("tree_manager_containers")
+
+    plain: list = []
+    thread = threading.Thread(target=lambda: plain.append(own_state()))
+    thread.start()
+    thread.join()
+    assert plain == [(False, None)]  # what a thread of its own starts with
+    ahead = OneStepAhead(None, None, None, pad_id=0, batch_size=1, behaviour=False)
+    try:
+        has, containers = ahead.pool.submit(own_state).result()
+    finally:
+        ahead.close()
+    assert has and containers == {}
+    main = cudagraph_trees.local.__dict__.get("tree_manager_containers")
+    assert containers is not main
+
+
 def test_copy_weights_gives_the_sampler_the_trainers_weights_and_names_a_mismatch():
     import torch
 
