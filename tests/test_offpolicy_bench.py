@@ -1,4 +1,4 @@
-"""benchmarks/offpolicy.py: both runs train, their medians come from their own metrics, and the ratio is the
+"""benchmarks/offpolicy.py: both runs train, their means come from their own metrics, and the ratio is the
 off-policy step over the on-policy one (CPU, a tiny model; no speed is claimed here)."""
 
 from __future__ import annotations
@@ -21,20 +21,33 @@ def _bench():
     return module
 
 
-def test_the_table_is_the_runs_medians_and_their_ratio(tmp_path):
-    bench = _bench()
-    for staleness, step in ((0, 2.0), (1, 1.5)):
-        run = tmp_path / f"staleness{staleness}"
-        run.mkdir()
-        rows = [{"step": k + 1, "time_step": step * (10 if k == 0 else 1), "time_generate": 1.0, "time_reward": 0.25,
-                 "time_ref_logprobs": 0.1, "time_train": 0.4 + 0.1 * k, **({"time_wait_rollouts": 0.05} if staleness else {})}
-                for k in range(4)]
+def write_runs(directory: Path) -> None:
+    """On-policy 2 s a step; one step off alternating 0.5 and 3.5 s (its median over steps 2-4 would be 0.5 s: the
+    same time a step, 1.5 s on average, is what the runs took)."""
+    for staleness, steps in ((0, (20.0, 2.0, 2.0, 2.0)), (1, (15.0, 0.5, 3.5, 0.5))):
+        run = directory / f"staleness{staleness}"
+        run.mkdir(parents=True)
+        rows = [{"step": k + 1, "time_step": step, "time_generate": 1.0, "time_reward": 0.25,
+                 "time_ref_logprobs": 0.1, "time_train": 0.4 + 0.1 * k, **({"time_wait_rollouts": 0.05 * k} if staleness else {})}
+                for k, step in enumerate(steps)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    got = {s: bench.medians(tmp_path / f"staleness{s}", skip=1) for s in (0, 1)}
-    assert got[0]["step s"] == 2.0 and got[1]["step s"] == 1.5  # the first step (compile) left out
-    assert got[0]["update s"] == pytest.approx(0.1 + 0.6) and got[0]["wait s"] == 0.0 and got[1]["wait s"] == 0.05
+
+
+def test_the_table_is_the_runs_means_and_their_ratio(tmp_path):
+    bench = _bench()
+    write_runs(tmp_path)
+    got = {s: bench.means(tmp_path / f"staleness{s}", skip=1) for s in (0, 1)}
+    assert got[0]["step s"] == 2.0 and got[1]["step s"] == pytest.approx((0.5 + 3.5 + 0.5) / 3)  # the first step (compile) left out
+    assert got[0]["update s"] == pytest.approx(0.1 + (0.5 + 0.6 + 0.7) / 3) and got[0]["wait s"] == 0.0
+    assert got[1]["wait s"] == pytest.approx(0.05 * (1 + 2 + 3) / 3)
     text = bench.table(got)
     assert text.splitlines()[-1].endswith("| 0.75 |") and "| 1 | 1.500 |" in text
+
+
+def test_report_prints_the_table_of_runs_already_made(tmp_path, capsys):
+    write_runs(tmp_path / "runs")
+    _bench().main(["--report", str(tmp_path / "runs"), "--skip", "1"])
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("| 0.75 |")
 
 
 @pytest.mark.slow
