@@ -54,11 +54,14 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
     prompt, new = med("tokens_prompt") / seqs, med("tokens_completion") / seqs
     tokens, ctx = med("tokens_prompt") + med("tokens_completion"), prompt + new
     reward_tokens = med("tokens_reward")
+    # what the reward model computed: with reward.share_prompts each group's prompt once (tokens_reward_run, recorded
+    # since issue 45), else every conversation whole
+    reward_run = med("tokens_reward_run") if all(r.get("tokens_reward_run") for r in steady) else reward_tokens
     ckpt = int(med("grad_ckpt_layers"))
     engine = "vllm" if "vllm_share_gib" in steady[-1] else "hf"
     floors = {
         "generate": planner.generation_floor(pol, card, seqs, prompt, new),
-        "reward": planner.forward_floor(rm, card, reward_tokens, reward_tokens / seqs) if rm else 0.0,
+        "reward": planner.forward_floor(rm, card, reward_run, reward_tokens / seqs) if rm else 0.0,
         "reference": planner.forward_floor(pol, card, tokens, ctx) if recipe.kl.beta > 0 else 0.0,
         "train": planner.train_floor(pol, card, tokens, ctx, lora=recipe.policy.lora.enabled, checkpointed=ckpt),
         "sync": 2 * 2 * pol.params / card.bandwidth if engine == "vllm" else 0.0,
@@ -66,7 +69,7 @@ def measure(run: Path, gpus: int | None, card_name: str, skip: int, memory_gib: 
     phases = {}
     for name, key in PHASES:
         t = med(key)
-        count = {"generate": med("tokens_completion"), "reward": reward_tokens, "reference": tokens, "train": tokens}.get(name)
+        count = {"generate": med("tokens_completion"), "reward": reward_run, "reference": tokens, "train": tokens}.get(name)
         phases[name] = {"s": t, "floor_s": floors[name], "tokens_per_s": count / t if count and t else None}
     out = {"run": run.name, "recipe": recipe.name, "gpus": world, "engine": engine, "card": card.name, "steps": len(rows),
            "steps_timed": len(steady), "step_s": med("time_step"), "phases": phases,

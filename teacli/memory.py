@@ -57,6 +57,19 @@ def activation_bytes(tokens: int, layers: int, hidden: int, intermediate: int, c
     return max(layers - checkpointed, 1) * full + checkpointed * kept
 
 
+# policy.gradient_checkpointing auto fits one micro-batch's activations into this share of the memory the model
+# states leave; with rollout.sleep off the vllm engine keeps its share (half of what the states leave: AUTO_SHARE
+# below) through training, and the activations get the other half.
+ACTIVATION_SHARE = 0.75
+AWAKE_ENGINE_ACTIVATION_SHARE = 0.5
+
+
+def activation_budget(total: int, held: int, awake_engine: bool) -> int:
+    """Bytes `auto` may give one micro-batch's activations: the share of `total` (the memory the process may use)
+    left after `held` (model states, other models) that the activations get beside an awake engine or not."""
+    return max(0, int((total - held) * (AWAKE_ENGINE_ACTIVATION_SHARE if awake_engine else ACTIVATION_SHARE)))
+
+
 def auto_checkpoint_layers(budget: int, tokens: int, layers: int, hidden: int, intermediate: int) -> int:
     """The fewest layers (checkpointed from the first) whose `activation_bytes` fit in `budget` bytes; when
     none fits, the number with the smallest estimate (the least memory there is to have).

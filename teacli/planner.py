@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from teacli.config import Recipe
 
-from teacli.memory import activation_bytes, memory_plan, state_bytes
+from teacli.memory import activation_budget, activation_bytes, auto_checkpoint_layers, memory_plan, state_bytes
 from teacli.padding import batch_sizes, micro_batches, micro_padding
 from teacli.standins import (PROMPT_MEDIAN, PROMPT_MIN, PROMPT_SIGMA, RESPONSE_MEDIAN, RESPONSE_SIGMA, Shape, model_shape,
                              prompt_lengths, response_lengths)
@@ -383,9 +383,9 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     elif lengths != "fixed" and not isinstance(lengths, Lengths):
         raise ValueError(f"--lengths: {lengths!r} is not fixed, realistic or two mean token counts PROMPT,RESPONSE")
     drawn_of: dict[str, Drawn] = {}
+    rshared = recipe.reward.kind == "hf" and recipe.reward.share_prompts and recipe.reward.kernels != "compile"
     if isinstance(lengths, Lengths):  # the drawn lengths, cut and padded as the run cuts them (the module docstring)
         rb = recipe.reward.batch_size
-        rshared = recipe.reward.kind == "hf" and recipe.reward.share_prompts and recipe.reward.kernels != "compile"
         cut = (recipe.data.max_prompt_tokens, n)
         micro_count = math.ceil(seqs / recipe.optim.micro_batch_size)
         v = recipe.validation
@@ -399,7 +399,8 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
 
     cal = CALIBRATION
     ckpt = recipe.policy.gradient_checkpointing
-    layers_ckpt = pol.layers if ckpt is True else (0 if ckpt in (False, "auto") else int(ckpt))
+    layers_ckpt = (pol.layers if ckpt is True else 0 if ckpt is False else
+                   _auto_checkpointed(recipe, pol, rm, gpus, k) if ckpt == "auto" else int(ckpt))
     memory = _memory(recipe, pol, rm, gpus, k, name, seqs, ctx, layers_ckpt)
     attention = drawn_of["step"].context if drawn_of else ctx  # the mean context a computed token attends over
     v = recipe.validation
@@ -441,10 +442,12 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
     def reward_floor(sequences: float, what: str = "step") -> float:
         if not rm:
             return 0.0
-        if not drawn_of:
-            return forward_floor(rm, k, sequences * ctx, ctx)
+        if not drawn_of:  # shared prompts: each group's prompt once, then its responses on it
+            shared = sequences * n + sequences / group_of[what] * p if rshared and group_of[what] > 1 else sequences * ctx
+            return forward_floor(rm, k, shared, ctx)
         d = drawn_of[what]
-        return forward_floor(rm, k, sequences * d.sequence / (1 - d.pad_reward), d.context)
+        own = d.response + d.prompt / group_of[what] if rshared and group_of[what] > 1 else d.sequence
+        return forward_floor(rm, k, sequences * own / (1 - d.pad_reward), d.context)
 
     # reward.kernels liger (auto: where liger-kernel is installed, as the planner assumes) has its own efficiency
     rm_eff = cal["reward_liger"] if recipe.reward.kernels in ("liger", "auto") else cal["reward"]
@@ -604,6 +607,21 @@ def _vllm_kv_bytes(recipe: "Recipe", pol: Shape, card: Card, held: float, sequen
                             kv_needed=(sequences, recipe.data.max_prompt_tokens + r.max_new_tokens, pol.kv_bytes_per_token()))
     # a KV cache vLLM sizes itself (kv_cache_gib: null) takes the share less the weights
     return kwargs.get("kv_cache_memory_bytes", kwargs["gpu_memory_utilization"] * card.memory_gib * _GiB - 2 * pol.params)
+
+
+def _auto_checkpointed(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Card) -> int:
+    """policy.gradient_checkpointing auto on `card`, by the trainer's own rule (teacli.train.backend.resolve_checkpointing):
+    the fewest layers whose activations of a micro-batch at the recipe's longest sequence (data.max_prompt_tokens +
+    rollout.max_new_tokens) fit the share of the card's memory left after the model states and the reward model."""
+    b = recipe.backend
+    lora = recipe.policy.lora.enabled
+    n_train = lora_params(pol, recipe.policy.lora.r, recipe.policy.lora.target_modules) if lora else pol.params
+    held = state_bytes(pol.params, n_train, gpus, zero_stage=b.zero_stage, kl_beta=recipe.kl.beta, lora=lora,
+                       offload_optimizer=b.offload_optimizer) + (2 * rm.params if rm else 0)
+    awake = recipe.rollout.engine != "hf" and not recipe.rollout.sleep
+    budget = activation_budget(int(card.memory_gib * _GiB), held, awake)
+    tokens = recipe.optim.micro_batch_size * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
+    return auto_checkpoint_layers(budget, tokens, pol.layers, pol.hidden, pol.intermediate)
 
 
 def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Card, engine: str, seqs: int, ctx: int,

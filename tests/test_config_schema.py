@@ -76,6 +76,8 @@ def test_the_table_ends_at_todays_defaults_and_names_real_keys():
     # reward.kernels: eager from its start, auto since version 3 (liger where it runs; a rule reward does not read it)
     assert [schema_default("reward.kernels", v) for v in (1, 2, 3)] == ["eager", "eager", "auto"]
     assert default_changes(2, 3)["reward.kernels"] == ("eager", "auto") == default_changes(1, 3)["reward.kernels"]
+    # reward.share_prompts: added at true (version 3's); every hf reward scored whole conversations before it existed
+    assert [schema_default("reward.share_prompts", v) for v in (1, 2, 3)] == [False, False, True]
 
 
 def test_a_key_reads_at_its_entry_up_to_the_version_else_its_first(monkeypatch):

@@ -60,7 +60,7 @@ def test_floors_follow_from_the_shape_and_the_card():
 def test_estimate_of_the_paper_recipe_adds_up():
     from teacli.config import find_recipe, load_recipe
 
-    r = load_recipe(find_recipe("uf_llama1b_tea"), runnable=False)
+    r = load_recipe(find_recipe("uf_llama1b_tea"), ["policy.gradient_checkpointing=true"], runnable=False)
     e = planner.estimate(r, gpus=1, card="h100", engine="hf")
     assert e.step_s == pytest.approx(sum(e.seconds[p] for p in planner.STEP_PHASES))
     saves = 450 // 25
@@ -500,6 +500,27 @@ def test_the_compile_cost_is_the_shipped_runs_first_step():
     assert gen[1] - statistics.median([gen[2], gen[3], gen[4]]) == pytest.approx(planner.CALIBRATION["hf_compile_s"], rel=0.01)
 
 
+def test_auto_checkpointing_is_what_the_trainer_chose_on_the_h200():
+    """policy.gradient_checkpointing auto (the 1B recipes' value): the planner resolves it by the trainer's rule, and on
+    one H200 gets the trainer's choice in the committed rehearsal (2 of 16 layers), and its peak memory within 10%."""
+    import statistics
+    from pathlib import Path
+
+    from teacli.standins import model_shape
+
+    run = Path(__file__).resolve().parent.parent / "results" / "performance" / "2026-11-29-h200" / "runs" / "reh_fixed"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    r = _uf_llama1b()
+    assert r.policy.gradient_checkpointing == "auto"
+    pol = model_shape(r.policy.name_or_path, "policy")
+    rm = model_shape(r.reward.name_or_path, "reward", classifier=True)
+    assert {row["grad_ckpt_layers"] for row in rows} == {planner._auto_checkpointed(r, pol, rm, 1, planner.CARDS["h200"])} == {2}
+    e = planner.estimate(r, card="h200", engine="hf")
+    measured = statistics.median(row["gpu_peak_gib"] for row in rows[1:])
+    assert abs(e.memory_gib["peak"] / measured - 1) < 0.10
+    assert planner._auto_checkpointed(r, pol, rm, 1, planner.CARDS["h100"]) > 2  # less memory, more layers
+
+
 def test_reward_liger_is_what_the_reward_benchmark_measured():
     """reward_liger: the floor over the time of the liger row at batches of 16 (recipes' reward.batch_size) in the
     committed benchmarks/reward_scoring.py log; a recipe with reward.kernels liger scores a step that much faster."""
@@ -594,7 +615,7 @@ def test_realistic_lengths_price_the_mean_sequence_its_padding_and_the_longest_r
     from teacli.padding import micro_batches
     from teacli.train.batching import padding
 
-    recipe = _uf_llama1b("rehearsal.lengths=realistic")
+    recipe = _uf_llama1b("rehearsal.lengths=realistic", "policy.gradient_checkpointing=true")
     e = planner.estimate(recipe, card="h200")
     card, cal = planner.CARDS["h200"], planner.CALIBRATION
     pol = model_shape("meta-llama/Llama-3.2-1B-Instruct", "policy")
@@ -615,7 +636,10 @@ def test_realistic_lengths_price_the_mean_sequence_its_padding_and_the_longest_r
     context = squares / whole
     train_tokens = seqs * mean / (1 - pad / tot)
     assert e.padding == pytest.approx({"reward": rpad / rtot, "train": pad / tot})
-    assert e.floors["reward"] == pytest.approx(rm.forward_flops(seqs * mean / (1 - rpad / rtot), context) / card.peak_flops)
+    # the reward model runs each group's prompt once (reward.share_prompts) and every response on it
+    prompt_mean, response_mean = planner.Lengths().means(1024, n)
+    own = response_mean + prompt_mean / m
+    assert e.floors["reward"] == pytest.approx(rm.forward_flops(seqs * own / (1 - rpad / rtot), context) / card.peak_flops)
     assert e.floors["reference"] == pytest.approx(pol.forward_flops(train_tokens, context) / card.peak_flops)
     assert e.floors["train"] == pytest.approx(e.floors["reference"] * (1 + 2 + 1))  # every layer checkpointed
     # generation: one wave of all 512 sequences; it decodes its longest response, its rows as long as its longest prompt
@@ -626,7 +650,7 @@ def test_realistic_lengths_price_the_mean_sequence_its_padding_and_the_longest_r
     per_step = (cal["hf_layer_ms"] * pol.layers + cal["hf_logit_ns"] * 1e-6 * seqs * pol.vocab) / 1e3 + bytes_s
     assert e.seconds["generate"] == pytest.approx(longest_r * per_step)
     assert e.floors["generate"] == pytest.approx(planner.generation_floor(pol, card, seqs, longest_p, longest_r))
-    fixed = planner.estimate(_uf_llama1b(), card="h200")
+    fixed = planner.estimate(_uf_llama1b("policy.gradient_checkpointing=true"), card="h200")
     assert e.memory_gib["train_activations"] == pytest.approx(fixed.memory_gib["train_activations"] * (1024 + 512) / (256 + 512))
     assert e.step_s < fixed.step_s and e.notes[0].startswith("lengths realistic (rehearsal.lengths): prompts ")
 

@@ -39,12 +39,14 @@ SCHEMA_DEFAULTS: dict[int, dict[str, Any]] = {
         "reward.kernels": "eager",  # added at eager (CHANGELOG; auto for a day in git log, reverted)
         "rollout.stop_tokens": [],  # added at []: only EOS ended a completion before
         "advantage.scale_rewards": "none",  # added at none: "runs unchanged" (CHANGELOG)
+        "reward.share_prompts": False,  # added at true (issue 45): every reward model scored whole conversations before
     },
     2: {
         "policy.kernels": "auto",
     },
     3: {
         "reward.kernels": "auto",  # eager (version 1's entry) until: liger scored the 8B reward model 1.22x faster
+        "reward.share_prompts": True,  # named here so that records of version 1 and 2, which lack it, read false
     },
 }
 """version → {dotted key: its default from this version on}: what a recipe.yaml of that version which lacks the key
