@@ -94,7 +94,10 @@ CARDS = {
 #     auto caps it beside a trainer), and more waves.
 #   reward: the fraction of the card's peak FLOP/s the 8B reward model's forward reached beside the 1B vllm run;
 #     reward_liger: with `reward.kernels: liger`, alone on an H200 at batches of 16 (benchmarks/reward_scoring.py,
-#     results/performance/2026-11-28-h200x4-four-gpus/rm_bench.log: 9.05 s for one step's 512 conversations, floor 5.67 s).
+#     results/performance/2026-11-28-h200x4-four-gpus/rm_bench.log: 9.05 s for one step's 512 conversations, floor 5.67 s);
+#     reward_shared: with `reward.share_prompts` (each group's prompt once, then its responses on the prompt's cache) and
+#     liger, in uf_llama1b_tea's rehearsal on a whole H200 (results/performance/2026-11-29-h200/runs/reh_fixed, steps 2-3:
+#     7.43 s against a floor of 3.79 s for the 264,241 tokens it ran); eager's shared path is priced at eager's ratio to liger.
 #     reference, train: the 1B policy's forward, and its forward + backward with every layer checkpointed, at
 #     micro-batches of 32 (the recipes' size) on one whole H200: the reference as CUDA events time it, its log-softmax
 #     compiled (results/performance/2026-11-28-h200x2-draw/runs/l1b, steps 2-4; 0.52 when it was eager), training from results/performance/2026-11-28-h200x2-micro/runs/l1b_mb32_true
@@ -120,7 +123,7 @@ CARDS = {
 CALIBRATION: dict[str, float] = {
     "hf_layer_ms": 0.1175, "hf_logit_ns": 0.0348, "hf_bw": 0.72, "hf_compile_s": 18.50,
     "vllm_step_ms": 15.65, "vllm_seq_ms": 0.0045, "vllm_bw": 0.72,
-    "reward": 0.571, "reward_liger": 0.627, "reference": 0.617, "train": 0.574, "train_lora": 0.443,
+    "reward": 0.571, "reward_liger": 0.627, "reward_shared": 0.510, "reference": 0.617, "train": 0.574, "train_lora": 0.443,
     "train_micro_s": 0.180, "zero2_micro_s": 0.086, "zero3_micro_s": 1.037, "layer_ms": 1.44,
     "checkpoint_gbps": 0.72, "lora_merge_gbps": 0.151, "setup_vllm_s": 90.0, "setup_hf_s": 30.0,
 }
@@ -449,8 +452,11 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
         own = d.response + d.prompt / group_of[what] if rshared and group_of[what] > 1 else d.sequence
         return forward_floor(rm, k, sequences * own / (1 - d.pad_reward), d.context)
 
-    # reward.kernels liger (auto: where liger-kernel is installed, as the planner assumes) has its own efficiency
+    # reward.kernels liger (auto: where liger-kernel is installed, as the planner assumes) has its own efficiency, and
+    # shared prompts theirs (two passes a batch: the prompts, then the responses on their cache), eager in proportion
     rm_eff = cal["reward_liger"] if recipe.reward.kernels in ("liger", "auto") else cal["reward"]
+    if rshared:
+        rm_eff *= cal["reward_shared"] / cal["reward_liger"]
     lora = recipe.policy.lora.enabled
     floors = {
         "generate": gen_floor(seqs),

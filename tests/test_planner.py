@@ -407,6 +407,8 @@ def test_a_small_kv_cache_means_more_waves_of_generation():
                    planner.generation_floor(shape, card, live, p, n) / n / cal["vllm_bw"])
     reward_floor = e.floors["validation"] - planner.generation_floor(shape, card, seqs, p, n)
     rm_eff = cal["reward_liger"] if r.reward.kernels in ("liger", "auto") else cal["reward"]  # auto: liger where installed
+    if r.reward.share_prompts:  # each group's prompt once: the shared path's efficiency
+        rm_eff *= cal["reward_shared"] / cal["reward_liger"]
     assert e.seconds["validation"] == pytest.approx(waves * n * per_step + reward_floor / rm_eff)
     roomy = copy.deepcopy(r)
     roomy.rollout.kv_cache_gib = 30.0  # room for every sequence: one wave
@@ -498,6 +500,27 @@ def test_the_compile_cost_is_the_shipped_runs_first_step():
     run = Path(__file__).resolve().parent.parent / "results" / "performance" / "2026-11-28-h200x2-draw" / "runs" / "l1b"
     gen = {m["step"]: m["time_generate"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     assert gen[1] - statistics.median([gen[2], gen[3], gen[4]]) == pytest.approx(planner.CALIBRATION["hf_compile_s"], rel=0.01)
+
+
+def test_reward_shared_is_what_the_h200_rehearsal_measured():
+    """reward_shared: the shared-prompt reward path's floor (the tokens the reward model ran, `tokens_reward_run`) over
+    its time in uf_llama1b_tea's committed H200 rehearsal (steps 2-3); the planner prices a recipe with
+    reward.share_prompts at it, and without at reward_liger."""
+    import importlib.util
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("phases", repo / "benchmarks" / "phases.py")
+    phases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(phases)
+    run = repo / "results" / "performance" / "2026-11-29-h200" / "runs" / "reh_fixed"
+    measured = phases.measure(run, 1, "h200", 1)["phases"]["reward"]
+    cal = planner.CALIBRATION
+    assert measured["floor_s"] / measured["s"] == pytest.approx(cal["reward_shared"], rel=0.01)
+    shared, whole = (planner.estimate(_uf_llama1b(f"reward.share_prompts={v}"), card="h200", engine="hf") for v in ("true", "false"))
+    assert shared.seconds["reward"] == pytest.approx(shared.floors["reward"] / cal["reward_shared"])
+    assert whole.seconds["reward"] == pytest.approx(whole.floors["reward"] / cal["reward_liger"])
+    assert shared.floors["reward"] < whole.floors["reward"] * 0.7  # each group's 256 prompt tokens once, not 64 times
 
 
 def test_auto_checkpointing_is_what_the_trainer_chose_on_the_h200():
