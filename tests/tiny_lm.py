@@ -30,6 +30,16 @@ CHAT_TEMPLATE = (
 )
 
 
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the OS picks it): a launcher's --master_port or a server's. A port derived
+    from the pid can be one another process holds."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def make_tokenizer(chat_template: str | None = CHAT_TEMPLATE, pad: str | None = "<pad>"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast

@@ -18,8 +18,8 @@ TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))
 
 from test_remote_e2e import SPLIT, M, assets, jsonl, tea  # noqa: E402,F401  (assets: the tiny policy, prompts and split)
-from test_server import free_port, wait_healthy  # noqa: E402
-from tiny_lm import make_causal_lm, make_tokenizer, save, tea_env, tiny_recipe, write_recipe  # noqa: E402
+from test_server import wait_healthy  # noqa: E402
+from tiny_lm import free_port, make_causal_lm, make_tokenizer, save, tea_env, tiny_recipe, write_recipe  # noqa: E402
 
 from teacli.config import RewardConfig  # noqa: E402
 from teacli.rewards import build_reward  # noqa: E402

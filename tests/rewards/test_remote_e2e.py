@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))
 
 from rewards_for_tests import length_reward  # noqa: E402
-from tiny_lm import tea_env, tiny_recipe, write_recipe  # noqa: E402
+from tiny_lm import free_port, tea_env, tiny_recipe, write_recipe  # noqa: E402
 
 SPLIT, M = "tiny", 4
 
@@ -32,12 +31,6 @@ def assets(tmp_path_factory):
     heldout = (root / "data" / "heldout.jsonl").read_text().splitlines()
     (root / "data" / f"{SPLIT}.jsonl").write_text("\n".join(heldout[:3]) + "\n")
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

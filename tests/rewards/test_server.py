@@ -5,7 +5,6 @@ token, an hf reward model served = the same model scored locally, and the real c
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))
 
 from rewards_for_tests import length_reward  # noqa: E402
-from tiny_lm import make_reward_model, make_tokenizer, tea_env  # noqa: E402
+from tiny_lm import free_port, make_reward_model, make_tokenizer, tea_env  # noqa: E402
 
 from teacli.rewards import FunctionReward  # noqa: E402
 from teacli.rewards.hf import HFRewardModel  # noqa: E402
@@ -106,12 +105,6 @@ def test_statuses_and_the_bearer_token(rm):
 
 
 # -- the real command ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(recipe: Path, port: int, tmp: Path, *extra: str, **env: str) -> subprocess.Popen:

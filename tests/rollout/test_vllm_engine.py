@@ -24,7 +24,7 @@ pytest.importorskip("vllm", reason="vllm is not installed (CI runs these in a vl
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import torch  # noqa: E402
-from tiny_lm import llama_config, make_causal_lm, make_tokenizer, save  # noqa: E402
+from tiny_lm import free_port, llama_config, make_causal_lm, make_tokenizer, save  # noqa: E402
 from vllm_checks import chat_prompts, first_token_tv, ids_of, max_logprob_gap, optimizer_step, sample  # noqa: E402
 
 from teacli.config import RolloutConfig  # noqa: E402
@@ -471,7 +471,7 @@ def test_tea_train_with_the_vllm_engine(train_assets, tmp_path, processes, zero_
     env = tea_env(tmp_path, VLLM_CPU_KVCACHE_SPACE="1")
     run = tmp_path / "run"
     tea = ["--module", "teacli.cli"] if processes > 1 else ["-m", "teacli.cli"]
-    launcher = ["-m", "deepspeed.launcher.runner", "--num_gpus", str(processes), "--master_port", str(29600 + os.getpid() % 500)] if processes > 1 else []
+    launcher = ["-m", "deepspeed.launcher.runner", "--num_gpus", str(processes), "--master_port", str(free_port())] if processes > 1 else []
     cmd = [sys.executable, *launcher, *tea, "train", str(tmp_path / "recipe.yaml"), "--run-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

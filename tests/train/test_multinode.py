@@ -5,7 +5,6 @@ ranks' own metrics (logging.per_rank → ranks.jsonl) agree with each other and 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))
 
-from tiny_lm import tea_env, tiny_recipe, write_recipe  # noqa: E402
+from tiny_lm import free_port, tea_env, tiny_recipe, write_recipe  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +22,6 @@ def assets(tmp_path_factory):
     from tiny_lm import make_assets
 
     return make_assets(tmp_path_factory.mktemp("multinode_assets"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def jsonl(path: Path) -> list[dict]:

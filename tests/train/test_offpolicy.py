@@ -4,7 +4,6 @@ transfer, and `tea train` end to end on a tiny Llama built in-process (CPU, gloo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -232,9 +231,10 @@ def test_one_step_off_on_two_processes(assets, tmp_path, stage, lora):
                  policy__lora={"enabled": lora, "r": 4, "alpha": 8},
                  logging={"report_to": [], "per_rank": True})
     run = tmp_path / "run"
-    port = 29800 + 10 * stage + int(lora) + os.getpid() % 100
+    from tiny_lm import free_port
+
     tea_train(rec, run, tmp_path, launcher=[sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-                                           "--master_port", str(port), "--module"])
+                                           "--master_port", str(free_port()), "--module"])
     ranks = metrics(run, "ranks.jsonl")
     assert [(r["step"], r["rank"]) for r in ranks] == [(s, k) for s in (1, 2, 3) for k in (0, 1)]
     assert [r["staleness"] for r in ranks] == [0, 0, 1, 1, 1, 1]

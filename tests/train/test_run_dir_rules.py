@@ -20,7 +20,7 @@ import yaml
 TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))
 
-from tiny_lm import make_assets, tea_env, tiny_recipe, write_recipe  # noqa: E402
+from tiny_lm import free_port, make_assets, tea_env, tiny_recipe, write_recipe  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_other_ranks_stop_with_rank_zero_when_the_directory_is_locked(assets, tm
     run = tmp_path / "run"
     run.mkdir()
     rec = recipe(assets, tmp_path)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29900 + os.getpid() % 90),
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
     with open(run / ".train.lock", "a") as held:  # another writer holds the run directory
         fcntl.flock(held, fcntl.LOCK_EX)

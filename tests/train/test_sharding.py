@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,13 +107,13 @@ def assets(tmp_path_factory):
 def test_three_ranks_train_four_prompts(assets, tmp_path):
     """`tea train` on 3 processes with P = 4 (not a multiple): ranks generate 2, 1 and 1 groups, train 11, 11 and 10
     sequences in one update each, and the step's record counts the 4 prompts."""
-    from tiny_lm import tea_env, tiny_recipe, write_recipe
+    from tiny_lm import free_port, tea_env, tiny_recipe, write_recipe
 
     rec = write_recipe(tmp_path / "r.yaml", tiny_recipe(
         assets / "policy", assets / "data", rollout__prompts_per_step=4, optim__steps=2, checkpoint__save_every=2,
         validation={"prompts": 3, "samples": 2, "top": 1, "at_start": False}, logging={"report_to": [], "per_rank": True}))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "3", "--master_port", str(29650 + os.getpid() % 200),
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "3", "--master_port", str(free_port()),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=tea_env(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

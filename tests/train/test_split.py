@@ -4,7 +4,6 @@ trainer's weights over the transfer group; `tea train` under the deepspeed launc
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +36,9 @@ def command(rec: Path, run: Path, processes: int = 1, *extra: str) -> list[str]:
     if processes == 1:
         launcher = [sys.executable, "-m"]
     else:
-        port = 29100 + (os.getpid() * 7 + hash(str(run))) % 700
-        launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(processes), "--master_port", str(port), "--module"]
+        from tiny_lm import free_port
+
+        launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(processes), "--master_port", str(free_port()), "--module"]
     return [*launcher, "teacli.cli", "train", str(rec), "--run-dir", str(run), *extra]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import yaml
 from teacli.config import SCHEMA_KEY, SCHEMA_VERSION
 
 TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))
+from tiny_lm import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +214,7 @@ def test_zero_two_processes(assets, tmp_path, stage):
     run = tmp_path / f"zero{stage}"
     val_prompts = {2: 5, 3: 1}[stage]
     rec = recipe(assets, tmp_path, backend__zero_stage=stage, optim__steps=2, validation__prompts=val_prompts)
-    port = 29500 + 10 * stage + os.getpid() % 500
+    port = free_port()
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
@@ -243,7 +244,7 @@ def test_dynamic_sampling_two_processes_agree_on_rounds(assets, tmp_path):
     rec = recipe(assets, tmp_path, backend__zero_stage=3, optim__steps=3, checkpoint__save_every=3, rollout__prompts_per_step=4,
                  rollout__dynamic_sampling=True, reward__function="rewards_for_tests:half_flat_length_reward",
                  logging={"report_to": [], "per_rank": True})
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29700 + os.getpid() % 200),
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -356,7 +357,7 @@ def test_scale_rewards_group_and_batch_through_the_loop(assets, tmp_path):
     rec = recipe(assets, tmp_path, optim__steps=2, rollout__prompts_per_step=4,
                  advantage={"name": "tea", "params": {"alpha": 0.25, "n_target": 8}, "scale_rewards": "batch"},
                  logging={"report_to": [], "per_rank": True})
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(29900 + os.getpid() % 90),
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            "--module", "teacli.cli", "train", str(rec), "--run-dir", str(run)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
