@@ -155,19 +155,18 @@ def refuse_changed_default(run_dir: Path, recipe: "Recipe", recipe_path: Path) -
     """A StudyError when `run_dir` holds a run written under an older tea_schema that ran with another value of a key
     whose default changed since than the study's recipe gives now (teacli/config/schema.py): counted as the recipe's
     run, it did not run as the runs still to train will, and the report would refuse it only once they are trained."""
-    from teacli.config import SCHEMA_VERSION, RecipeError, canonical_tree, default_changes, parse_yaml, read_yaml
-    from teacli.config import recipe_changes, schema_version, to_yaml
+    from teacli.config import SCHEMA_VERSION, RecipeError, canonical_tree, default_changes, default_differences, parse_yaml
+    from teacli.config import read_yaml, schema_version, to_yaml
 
     try:
         data = read_yaml(run_dir / "recipe.yaml")
         version = schema_version(data, missing=1) if isinstance(data, dict) else SCHEMA_VERSION
     except RecipeError:
         return  # absent (not trained yet), unreadable or newer: the stage's own command says what is wrong
-    moved = default_changes(version, SCHEMA_VERSION)
-    before = canonical_tree(data) if moved else None
+    before = canonical_tree(data) if default_changes(version, SCHEMA_VERSION) else None
     if before is None:
         return
-    changed = {k: v for k, v in recipe_changes(before, parse_yaml(to_yaml(recipe), str(recipe_path))).items() if k in moved}
+    changed, _ = default_differences(before, version, parse_yaml(to_yaml(recipe), str(recipe_path)), SCHEMA_VERSION)
     if changed:
         ran = ", ".join(f"{k}: {a!r}" for k, (a, _) in changed.items())
         now = ", ".join(f"{k}: {b!r}" for k, (_, b) in changed.items())

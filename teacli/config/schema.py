@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from teacli.config.tree import Recipe, RecipeError, field_docs
+from teacli.config.tree import Recipe, RecipeError, field_docs, recipe_changes
 
 SCHEMA_KEY = "tea_schema"
 SCHEMA_VERSION = 3
@@ -73,6 +73,17 @@ def default_changes(a: int, b: int) -> dict[str, tuple[Any, Any]]:
     keys = dict.fromkeys(k for entries in SCHEMA_DEFAULTS.values() for k in entries)
     pairs = {k: (schema_default(k, a), schema_default(k, b)) for k in keys}
     return {k: (x, y) for k, (x, y) in pairs.items() if x != y}
+
+
+def default_differences(old: dict[str, Any], old_version: int, new: dict[str, Any], new_version: int
+                        ) -> tuple[dict[str, tuple[Any, Any]], dict[str, tuple[Any, Any]]]:
+    """Two canonical recipe trees written under schema versions `old_version` and `new_version` → (the keys whose
+    default changed between the versions that differ between them, every other key that differs), each dotted key →
+    (old value, new value) as `recipe_changes` gives them. `tea study` refuses a recorded run with any of the first;
+    `tea report` reads two seeds as one recipe run under two defaults when all their differences are of the first."""
+    changed = recipe_changes(old, new)
+    moved = default_changes(old_version, new_version)
+    return ({k: v for k, v in changed.items() if k in moved}, {k: v for k, v in changed.items() if k not in moved})
 
 
 def schema_version(data: dict[str, Any], where: str = "", *, missing: int) -> int:

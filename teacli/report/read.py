@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from teacli import rundir
-from teacli.config import applicable, canonical_tree, default_changes, recipe_changes, schema_version
+from teacli.config import applicable, canonical_tree, default_differences, schema_version
 
 _JUDGE_FILE = re.compile(r"^(?P<other>.+)-bo(?P<N>\d+)\.jsonl$")
 
@@ -225,9 +225,8 @@ def default_split(a: RecipeInfo, b: RecipeInfo) -> dict[str, tuple[Any, Any]]:
     changed. {} when they were written under one version, agree, or differ in another key too (two recipes)."""
     if a.schema == b.schema or a.tree is None or b.tree is None:
         return {}
-    changed = recipe_changes(a.tree, b.tree)
-    moved = default_changes(a.schema, b.schema)
-    return changed if changed and all(k in moved for k in changed) else {}
+    moved, other = default_differences(a.tree, a.schema, b.tree, b.schema)
+    return moved if not other else {}
 
 
 def _number(x: Any) -> bool:
