@@ -8,24 +8,12 @@ import types
 
 import pytest
 import torch
-from tiny_lm import make_causal_lm, make_tokenizer
+from test_hf_engine import QUESTIONS, model, tok  # noqa: F401  (the engine tests' tiny Llama: 4 query heads, 2 K/V heads)
 
 from teacli.models import CascadeCache, encode_chat
 from teacli.models.attention import cascade_attention, sdpa_gqa_attention
 from teacli.rollout.hf import HFEngine
 from teacli.types import SamplingConfig
-
-QUESTIONS = ["what is the capital of france", "write a short poem about the sea", "one two three"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return make_causal_lm(tok)  # 4 query heads, 2 K/V heads
 
 
 @pytest.fixture(scope="module")
