@@ -151,6 +151,21 @@ def new_cache(model) -> Any:
     return DynamicCache(config=base_model(model).config.get_text_config(decoder=True))
 
 
+def cache_problem(model) -> str | None:
+    """Why `model`'s decoder cache is not one plain full-attention key/value cache a layer (None: it is): a sliding
+    window keeps only the last keys, chunked attention its chunk, linear and recurrent layers a state, so a suffix
+    run on a prefix's cache would not see the whole prefix. What the shared-prompt paths (training, the reward
+    model, the hf engine's cascade decode) need."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(new_cache(model), "layers", [])
+    kinds = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    text = base_model(model).config.get_text_config(decoder=True)
+    if kinds or len(layers) != getattr(text, "num_hidden_layers", len(layers)):
+        return f"its KV cache has {', '.join(kinds) or 'fewer'} layers, not one full-attention cache a layer"
+    return None
+
+
 def prompt_cache(model) -> Any:
     """`new_cache`, its full-attention layers recompute-safe for the prompt pass: each keeps the keys and values its
     layer's forward computes (DynamicLayer's values exactly, without DynamicLayer's copy of them), and a gradient-
@@ -249,7 +264,6 @@ def _checkpointing_keeps_cache(model) -> bool:
     5.19 do), non-reentrant (reentrant checkpointing passes gradients only to the layer's tensor
     arguments, not to the prompt's keys and values it reads from the cache), and every layer's cache plain full
     attention (`prompt_cache` and `prefix_cache` make exactly those recompute-safe; a sliding window's is not)."""
-    from transformers.cache_utils import DynamicLayer
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):  # older transformers: always drops it
@@ -263,9 +277,7 @@ def _checkpointing_keeps_cache(model) -> bool:
         func = getattr(layer, "_gradient_checkpointing_func", None)
         if getattr(func, "keywords", {}).get("use_reentrant", True) is not False:
             return False
-    cache = new_cache(model).layers
-    text = module.config.get_text_config(decoder=True)
-    return all(type(layer) is DynamicLayer for layer in cache) and len(cache) == getattr(text, "num_hidden_layers", len(cache))
+    return cache_problem(model) is None
 
 
 class _NoCachingWarning:

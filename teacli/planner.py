@@ -619,24 +619,25 @@ def _auto_checkpointed(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int
     """policy.gradient_checkpointing auto on `card`, by the trainer's own rule (teacli.train.backend.resolve_checkpointing):
     the fewest layers whose activations of a micro-batch at the recipe's longest sequence (data.max_prompt_tokens +
     rollout.max_new_tokens) fit the share of the card's memory left after the model states and the reward model."""
+    held = _states(recipe, pol, gpus) + (2 * rm.params if rm else 0)
+    budget = activation_budget(int(card.memory_gib * _GiB), held, recipe.rollout.engine, recipe.rollout.sleep)
+    tokens = recipe.optim.micro_batch_size * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
+    return auto_checkpoint_layers(budget, tokens, pol.layers, pol.hidden, pol.intermediate)
+
+
+def _states(recipe: "Recipe", pol: Shape, gpus: int) -> int:
+    """The trainer's model states a GPU (`teacli.memory.state_bytes`), LoRA's trainable parameters where it is on."""
     b = recipe.backend
     lora = recipe.policy.lora.enabled
     n_train = lora_params(pol, recipe.policy.lora.r, recipe.policy.lora.target_modules) if lora else pol.params
-    held = state_bytes(pol.params, n_train, gpus, zero_stage=b.zero_stage, kl_beta=recipe.kl.beta, lora=lora,
-                       offload_optimizer=b.offload_optimizer) + (2 * rm.params if rm else 0)
-    awake = recipe.rollout.engine != "hf" and not recipe.rollout.sleep
-    budget = activation_budget(int(card.memory_gib * _GiB), held, awake)
-    tokens = recipe.optim.micro_batch_size * (recipe.data.max_prompt_tokens + recipe.rollout.max_new_tokens)
-    return auto_checkpoint_layers(budget, tokens, pol.layers, pol.hidden, pol.intermediate)
+    return state_bytes(pol.params, n_train, gpus, zero_stage=b.zero_stage, kl_beta=recipe.kl.beta, lora=lora,
+                       offload_optimizer=b.offload_optimizer)
 
 
 def _memory(recipe: "Recipe", pol: Shape, rm: Shape | None, gpus: int, card: Card, engine: str, seqs: int, ctx: int,
             layers_ckpt: int) -> dict[str, float]:
     b = recipe.backend
-    lora = recipe.policy.lora.enabled
-    n_train = lora_params(pol, recipe.policy.lora.r, recipe.policy.lora.target_modules) if lora else pol.params
-    states = state_bytes(pol.params, n_train, gpus, zero_stage=b.zero_stage, kl_beta=recipe.kl.beta, lora=lora,
-                         offload_optimizer=b.offload_optimizer)
+    states = _states(recipe, pol, gpus)
     reward = 2 * rm.params if rm else 0
     sampler = 2 * pol.params if recipe.rollout.max_staleness else 0  # one step off-policy: the sampler's bf16 copy
     held = states + reward + sampler

@@ -21,7 +21,6 @@ from teacli.models.attention import (
     CASCADE,
     CascadeCache,
     attention_implementation,
-    cascade_applies,
     register_sdpa_gqa,
     sdpa_gqa_attention,
 )
@@ -50,7 +49,6 @@ __all__ = [
     "ChatTemplateError",
     "attention_implementation",
     "cache_dir",
-    "cascade_applies",
     "checkpointable_layers",
     "encode_chat",
     "fetch_pypi_gguf",

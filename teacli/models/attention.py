@@ -280,12 +280,3 @@ def register_cascade() -> str:
     AttentionInterface.register(CASCADE, cascade_attention)
     return CASCADE
 
-
-def cascade_applies(module: Any) -> bool:
-    """Whether `module`'s decoder can decode with `cascade_attention`: every layer full attention (no sliding
-    window, chunked or linear-attention layer types)."""
-    config = module.config.get_text_config(decoder=True)
-    types = getattr(config, "layer_types", None)
-    if types is not None and any(t != "full_attention" for t in types):
-        return False
-    return getattr(config, "sliding_window", None) is None and getattr(config, "attention_chunk_size", None) is None

@@ -322,18 +322,12 @@ def sharing_problem(model: Any) -> str | None:
     eager, whose masks tea's shared path is tested with, or a layer's cache is not a plain full-attention key/value
     cache (a sliding window keeps only the last keys, chunked attention its chunk, linear and recurrent layers a
     state), so the suffix would not see the whole prefix."""
-    from transformers.cache_utils import DynamicLayer
-
-    from teacli.logprobs import new_cache
+    from teacli.logprobs import cache_problem
 
     attention = getattr(model.config, "_attn_implementation", None)
     if attention not in ("sdpa", "eager"):
         return f"attention {attention!r} (sdpa or eager share)"
-    layers = getattr(new_cache(model), "layers", [])
-    kinds = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
-    if kinds or len(layers) != getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", len(layers)):
-        return f"its KV cache has {', '.join(kinds) or 'fewer'} layers, not one full-attention cache a layer"
-    return None
+    return cache_problem(model)
 
 
 def _padded(rows: list[list[int]], pad: int, *, left: bool) -> "tuple[torch.Tensor, torch.Tensor]":

@@ -70,8 +70,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from teacli.kernels import generating
-from teacli.logprobs import base_model, cache_rows, new_cache, positions
-from teacli.models import CASCADE, CascadeCache, attention_implementation, cascade_applies
+from teacli.logprobs import base_model, cache_problem, cache_rows, new_cache, positions
+from teacli.models import CASCADE, CascadeCache, attention_implementation
 from teacli.rollout.base import cut_at_eos
 from teacli.types import Completion, SamplingConfig
 
@@ -260,7 +260,7 @@ class HFEngine:
         row_of = [distinct.setdefault(tuple(ids), len(distinct)) for ids in batch]
         shared = self.share_prefix and len(distinct) < len(batch) and width > 1
         own_loop = self.loop == "tea" and self.sampler == "inverse_cdf"
-        if shared and own_loop and self.attention == "cascade" and cascade_applies(module):
+        if shared and own_loop and self.attention == "cascade" and cache_problem(module) is None:
             prefix, first = _prompt_prefill(module, input_ids, attention_mask, row_of)
             cache = CascadeCache(prefix, row_of, attention_mask[first, :-1], config.max_new_tokens, self.cascade_segment)
             with attention_implementation(module, CASCADE):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from teacli.memory import (ACTIVATION_SHARE, AWAKE_ENGINE_ACTIVATION_SHARE, activation_budget, activation_bytes,
-                           auto_checkpoint_layers, state_bytes)
+from teacli.memory import activation_budget, activation_bytes, auto_checkpoint_layers, state_bytes
+from teacli.memory import activation_share as share_of_engine
 
 if TYPE_CHECKING:
     import torch
@@ -265,17 +265,10 @@ class Checkpointing:
         return line
 
 
-def awake_engine(recipe: "Recipe") -> bool:
-    """Whether a vllm engine (or auto, which may be one) keeps its memory through training (rollout.sleep off)."""
-    return recipe.rollout.engine != "hf" and not recipe.rollout.sleep
-
-
 def activation_share(recipe: "Recipe") -> float:
-    """The share of the memory the model states leave that `auto` fits the activations into (teacli.memory: the
-    rest is for what the estimate does not count: the hf engine's KV cache, compiled graphs, the allocator's
-    fragmentation. Measured on an H100 (docs/performance.md): the 1B shape without checkpointing peaked at 46.6 GiB
-    of 79.2 (liger) where the estimate said 62.7 (0.74x); eager, at the calibration point, 0.95x)."""
-    return AWAKE_ENGINE_ACTIVATION_SHARE if awake_engine(recipe) else ACTIVATION_SHARE
+    """The share of the memory the model states leave that `auto` fits the activations into, for the recipe's engine
+    (`teacli.memory.activation_share`)."""
+    return share_of_engine(recipe.rollout.engine, recipe.rollout.sleep)
 
 
 def resolve_checkpointing(recipe: "Recipe", model, world: World, held: int = 0) -> Checkpointing:
@@ -320,7 +313,7 @@ def resolve_checkpointing(recipe: "Recipe", model, world: World, held: int = 0) 
     free, _ = torch.cuda.mem_get_info(world.device)
     total = min(torch.cuda.get_device_properties(world.device).total_memory, free + torch.cuda.memory_allocated(world.device))
     states = model_state_bytes(recipe, model, world)
-    budget = activation_budget(total, states + held, awake_engine(recipe))
+    budget = activation_budget(total, states + held, recipe.rollout.engine, recipe.rollout.sleep)
     if layers < 0:
         layers = auto_checkpoint_layers(budget, tokens, of, hidden, inter)
     return Checkpointing(setting, layers, of, activation_bytes(tokens, of, hidden, inter, layers), states, budget, total, held)

@@ -70,9 +70,9 @@ def test_the_h100_case_the_rule_was_changed_for():
     n, total = 1_235_814_400, int(79.2 * 2**30)
     states = n * (2 + 2 + 2 + 12)
     estimate = memory.activation_bytes(TOKENS, LAYERS, HIDDEN, INTER)
-    assert (total - states) // 2 < estimate <= int((total - states) * backend.ACTIVATION_SHARE)
+    assert (total - states) // 2 < estimate <= int((total - states) * memory.ACTIVATION_SHARE)
     pick = lambda share: memory.auto_checkpoint_layers(int((total - states) * share), TOKENS, LAYERS, HIDDEN, INTER)  # noqa: E731
-    assert (pick(0.5), pick(backend.ACTIVATION_SHARE)) == (6, 0)
+    assert (pick(0.5), pick(memory.ACTIVATION_SHARE)) == (6, 0)
 
 
 def test_auto_on_a_card_checkpoints_the_layers_the_budget_needs(monkeypatch):
