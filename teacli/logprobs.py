@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from torch import Tensor
 
@@ -67,7 +67,7 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
 
 def shared_prompt_logprobs(
     model, prompt_ids: "Tensor", prompt_mask: "Tensor", row_of: "Tensor", completion_ids: "Tensor", completion_mask: "Tensor",
-    *, fused: str = "auto", completion_index: "Tensor | None" = None,
+    *, fused: str = "auto", completion_index: "Tensor | None" = None, splits: "Sequence[tuple[int, int, Tensor | None]] | None" = None,
 ) -> "Tensor":
     """`token_logprobs` for sequences that share prompts, each prompt run through the model once.
 
@@ -80,6 +80,11 @@ def shared_prompt_logprobs(
     reaches the prompt positions it attends to, summed over the sequences that share them, exactly
     as in the concatenated forward. With m completions per prompt this does the prompt's work once
     instead of m times. `completion_index`: as for `token_logprobs`, `completion_index(completion_mask)`.
+
+    `splits`: the completions in consecutive runs of rows, each its own forward on the prompts' cache padded to its
+    own width: (rows, width, `completion_index` of its mask [rows, width] or None) a run, in row order (rows sorted
+    by length: `teacli.padding.split_sizes`, optim.completion_splits). The prompts still run once; a run's columns
+    past its width are 0 in the result. Default: one run of every row at T.
 
     Gradient-checkpointed layers (policy.gradient_checkpointing) keep the cache here: both passes' caches are
     recompute-safe (`prompt_cache`, `prefix_cache`), so the layer's recomputation in backward reads what its
@@ -96,20 +101,27 @@ def shared_prompt_logprobs(
     head, decoder = _head_and_decoder(model)
     if fused == "plain" or head is None:
         raise ValueError("shared_prompt_logprobs needs a plain head(hidden) model (see can_share_prompts)")
+    width = completion_ids.shape[1]
+    outs, first = [], 0
     with _checkpointed_layers_keep_cache(model):
         cache = prompt_cache(model)
         last = _hidden_states(
             model, decoder, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
             past_key_values=cache, use_cache=True,
         )[:, -1:]  # [U, 1, H]: predicts each prompt's first completion token
-        hidden = last[row_of]
-        if completion_ids.shape[1] > 1:  # the last completion token predicts nothing: it is not run
-            rest = on_prompt_cache(
-                lambda **inputs: _hidden_states(model, decoder, **inputs), model, cache, prompt_mask, row_of,
-                completion_ids[:, :-1], completion_mask[:, :-1],
-            )
-            hidden = torch.cat([hidden, rest], dim=1)
-    return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused, completion_index)
+        for rows, cols, index in splits or ((len(row_of), width, completion_index),):
+            run, first = slice(first, first + rows), first + rows
+            ids, mask = completion_ids[run, :cols], completion_mask[run, :cols]
+            hidden = last[row_of[run]]
+            if cols > 1:  # the last completion token predicts nothing: it is not run
+                rest = on_prompt_cache(
+                    lambda **inputs: _hidden_states(model, decoder, **inputs), model, cache, prompt_mask, row_of[run],
+                    ids[:, :-1], mask[:, :-1],
+                )
+                hidden = torch.cat([hidden, rest], dim=1)
+            logp = _completion_logprobs(head, hidden, ids, mask, fused, index)
+            outs.append(torch.nn.functional.pad(logp, (0, width - cols)) if cols < width else logp)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def on_prompt_cache(

@@ -1,14 +1,16 @@
-"""Cutting rows sorted by length into a fixed number of batches with the least padding.
+"""Cutting rows sorted by length into batches with the least padding.
 
 A batch of rows is padded to its longest row, so it computes rows × that width tokens. The trainer's micro-batches
 (teacli/train/batching.py: exactly the engine's gradient-accumulation count of them) and the reward model's forward
-batches (teacli/rewards/hf.py: as many as `reward.batch_size` rows a batch make) both cut a length-sorted list into a
-number of consecutive batches fixed in advance. Even sizes pad wherever the lengths spread within a batch (the short
-end of a right-skewed length distribution, `rehearsal.lengths: realistic`); `least_padding` picks the sizes that
-compute the fewest tokens instead, with no batch computing more than a cap (the largest batch of the even cut: no
-more memory than before). It lives below both stages, which share it, and the planner (teacli/planner.py), which cuts
-drawn lengths as a run would to price their padding: `micro_batches` (by `micro_sizes`) is the trainer's cut and
-`micro_padding` what it computes, `batch_sizes` the reward model's cut.
+batches (teacli/rewards/hf.py: about `reward.batch_size` rows a batch) cut a length-sorted list into consecutive
+batches. Even sizes pad wherever the lengths spread within a batch (the short end of a right-skewed length
+distribution, `rehearsal.lengths: realistic`); `least_padding` picks the sizes that compute the fewest tokens
+instead, with no batch computing more than a cap (the largest batch of the even cut: no more memory than before),
+and where the number of batches is free, the number that computes the fewest tokens plus FORWARD_TOKENS a batch: a
+shared micro-batch's completions (one group's, `optim.completion_splits`) run in forwards of similar lengths on their
+prompt's cache (`split_sizes`). It lives below the stages, which share it, and the planner (teacli/planner.py), which
+cuts drawn lengths as a run would to price their padding: `micro_batches` (by `micro_sizes`) is the trainer's cut,
+`split_sizes` its forwards and `micro_padding` what they compute, `batch_sizes` the reward model's cut.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ from collections.abc import Sequence
 # The exact search does count × rows² work (numpy): beyond this, the caller's even cut stands (rows scored or trained
 # in one call: 512 for a step of the paper's recipes on one GPU).
 MAX_WORK = 50_000_000
+# What one more forward costs beside its tokens, in tokens of work: a shared micro-batch's completions run in more,
+# shorter forwards (`split_sizes`) and the reward model's rows in more batches (`batch_sizes`) only where that saves
+# more padding than this a forward. Measured on one H200 for the 1B paper policy (benchmarks/completion_splits.py,
+# results/performance/2026-11-29-h200-splits/): a forward and backward costs 75.7 ms beside 12.2 µs a token (6,223
+# tokens), a forward without gradients 20.2 ms beside 4.7 µs a token (4,257). A larger model's tokens cost more
+# against the same launches: splitting pays sooner there (optim.completion_splits: k).
+FORWARD_TOKENS = 6000
 
 
 def even_sizes(rows: int, count: int) -> list[int]:
@@ -36,17 +45,21 @@ def computed(widths: Sequence[int], sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def least_padding(widths: Sequence[int], count: int, cap: int) -> list[int] | None:
+def least_padding(widths: Sequence[int], count: int, cap: float, *, most: int | None = None, per_batch: float = 0.0
+                  ) -> list[int] | None:
     """Sizes of exactly `count` consecutive non-empty batches of rows whose widths are sorted (ascending or
     descending) that compute the fewest tokens (Σ size × the batch's widest row), none computing more than `cap`.
 
-    None where no such cut exists, where `count` exceeds the rows, or where the search would be too large
-    (MAX_WORK): the caller keeps its even cut. Ties go to the earliest cut found, so the result is deterministic."""
+    With `most` > count, any number of batches from `count` to `most`, the one of the fewest tokens plus `per_batch`
+    a batch (what a forward costs beside its tokens, `FORWARD_TOKENS`). None where no such cut exists, where `count`
+    exceeds the rows, or where the search would be too large (MAX_WORK): the caller keeps its even cut. Ties go to
+    the earliest cut found (the fewest batches), so the result is deterministic."""
     import numpy as np
 
     n = len(widths)
     if count < 1 or count > n or count * n * n > MAX_WORK:
         return None
+    most = min(n, MAX_WORK // (n * n), count if most is None else max(most, count))  # the search's size caps `most`
     descending = n > 1 and widths[0] > widths[-1]
     w = np.asarray(widths[::-1] if descending else widths, dtype=np.float64)  # ascending: a batch's widest is its last
     start, end = np.arange(n)[:, None], np.arange(1, n + 1)[None, :]  # a batch of rows [start, end)
@@ -54,21 +67,41 @@ def least_padding(widths: Sequence[int], count: int, cap: int) -> list[int] | No
     cost[(end <= start) | (cost > cap)] = np.inf
     best = np.full(n + 1, np.inf)  # best[e]: the fewest tokens for rows [0, e) in the batches so far
     best[0] = 0.0
-    back = []
-    for _ in range(count):
+    back: list = []
+    chosen, least = 0, np.inf
+    for batches in range(1, most + 1):
         total = best[:n, None] + cost  # [start, end - 1]
         arg = total.argmin(axis=0)
         best = np.concatenate([[np.inf], total[arg, np.arange(n)]])
         back.append(arg)
-    if not np.isfinite(best[n]):
+        if batches >= count and best[n] + per_batch * batches < least:
+            chosen, least = batches, best[n] + per_batch * batches
+    if not np.isfinite(least):
         return None
     sizes, e = [], n
-    for arg in reversed(back):
+    for arg in reversed(back[:chosen]):
         s = int(arg[e - 1])
         sizes.append(e - s)
         e = s
     sizes.reverse()  # ascending order's batches
     return sizes[::-1] if descending else sizes
+
+
+def split_sizes(widths: Sequence[int], splits: int | str) -> list[int]:
+    """Sizes of the consecutive forwards that a shared micro-batch's completions run in (`optim.completion_splits`;
+    widths: the completions' lengths, sorted), each padded to its own longest: `splits` forwards (at most one a row)
+    cut where they pad least, or for "auto" the number of them that computes the fewest tokens plus FORWARD_TOKENS a
+    forward. One forward (every completion padded to the longest) where there are fewer than two rows."""
+    n = len(widths)
+    if n < 2:
+        return [n] if n else []
+    widths = [max(1, w) for w in widths]  # a batch pads to at least one column
+    cap = n * max(widths)  # no forward computes more than the whole micro-batch in one
+    if splits == "auto":
+        sizes = least_padding(widths, 1, cap, most=n, per_batch=FORWARD_TOKENS)
+    else:
+        sizes = least_padding(widths, min(int(splits), n), cap)
+    return sizes or [n]
 
 
 def micro_sizes(widths: Sequence[int], count: int) -> list[int]:
@@ -104,10 +137,11 @@ def micro_batches(lengths: Sequence[int], n: int, groups: Sequence[int] | None =
 
 
 def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_keys: Sequence[object], batches: list[list[int]],
-                  shared: bool) -> tuple[int, int]:
+                  shared: bool, splits: int | str = 1) -> tuple[int, int]:
     """(padding tokens, tokens computed) of the micro-batches `batches` of sequences whose prompts and completions have
     these lengths: a batch of whole sequences (left-padded) computes its rows × its longest sequence; a shared one
-    (`optim.share_prompts`) its distinct prompts (by `prompt_keys`) × the longest of them plus its rows × the longest
+    (`optim.share_prompts`) its distinct prompts (by `prompt_keys`) × the longest of them plus, for each of the
+    forwards `split_sizes(…, splits)` cuts its completions into (sorted by length), its rows × its longest
     completion (each at least one column, as they pad). An empty micro-batch's zero-weight pass over the first
     batch's first sequence is computed too."""
     pad = total = 0
@@ -116,7 +150,8 @@ def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_key
         comps = [completions[i] for i in idx]
         if shared:
             firsts = list({prompt_keys[i]: prompts[i] for i in idx}.values())
-            batch = len(firsts) * max(1, *firsts) + len(comps) * max(1, *comps)
+            comps.sort()
+            batch = len(firsts) * max(1, *firsts) + sum(computed([max(1, c) for c in comps], split_sizes(comps, splits)))
             real = sum(firsts) + sum(comps)
         else:
             totals = [prompts[i] + n for i, n in zip(idx, comps)]
@@ -129,9 +164,12 @@ def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_key
 
 def batch_sizes(widths: Sequence[int], batch_size: int) -> list[int]:
     """Sizes of the reward model's forward batches of rows sorted longest first (widths[b]: row b's tokens,
-    teacli/rewards/hf.py): as many batches as `batch_size` rows a batch make, cut where they compute the fewest tokens
-    with none computing more than the first (`batch_size` of the longest rows: no more memory), so a batch of shorter
-    rows may hold more than `batch_size`; `batch_size` rows a batch where that search is too large."""
+    teacli/rewards/hf.py): as many batches as `batch_size` rows a batch make, or up to twice as many where each
+    further one saves more padding than FORWARD_TOKENS, cut where they compute the fewest tokens with none computing
+    more than the first (`batch_size` of the longest rows: no more memory), so a batch of shorter rows may hold more
+    than `batch_size`; `batch_size` rows a batch where that search is too large."""
     count = -(-len(widths) // batch_size)
     even = [min(batch_size, len(widths) - k * batch_size) for k in range(count)]
-    return (least_padding(widths, count, batch_size * widths[0]) if widths else None) or even
+    if not widths:
+        return even
+    return least_padding(widths, count, batch_size * widths[0], most=2 * count, per_batch=FORWARD_TOKENS) or even

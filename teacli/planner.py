@@ -283,10 +283,10 @@ class Drawn:
 
 @lru_cache(maxsize=32)
 def drawn(lengths: Lengths, prompts: int, group: int, max_prompt: int, max_new: int, draws: int, reward_batch: int,
-          reward_shared: bool, micro: int, train_shared: bool) -> Drawn:
+          reward_shared: bool, micro: int, train_shared: bool, splits: int | str = 1) -> Drawn:
     """`draws` draws of `prompts` prompts' `group` sequences each (seeds 0, 1, ...), cut as a run cuts them: the reward
     model's forward batches of `reward_batch` rows (`_reward_padding`) and `micro` micro-batches (`_train_padding`;
-    micro 0: none)."""
+    micro 0: none), shared ones' completions in the forwards that `splits` (optim.completion_splits) cuts."""
     whole = squares = 0
     pads = {"reward": [0, 0], "train": [0, 0]}
     for seed in range(draws):
@@ -294,7 +294,7 @@ def drawn(lengths: Lengths, prompts: int, group: int, max_prompt: int, max_new: 
         whole += group * sum(p) + sum(r)
         squares += sum((p[i // group] + x) ** 2 for i, x in enumerate(r))
         for key, (pad, total) in (("reward", _reward_padding(p, r, group, reward_batch, reward_shared)),
-                                  ("train", _train_padding(p, r, group, micro, train_shared) if micro else (0, 0))):
+                                  ("train", _train_padding(p, r, group, micro, train_shared, splits) if micro else (0, 0))):
             pads[key][0] += pad
             pads[key][1] += total
     return Drawn(*lengths.means(max_prompt, max_new), squares / whole,
@@ -314,13 +314,14 @@ def decoded(lengths: Lengths, wave: int, group: int, max_prompt: int, max_new: i
     return longest_prompt / draws, longest_response / draws
 
 
-def _train_padding(prompts: list[int], responses: list[int], group: int, micro: int, shared: bool) -> tuple[int, int]:
+def _train_padding(prompts: list[int], responses: list[int], group: int, micro: int, shared: bool, splits: int | str = 1
+                   ) -> tuple[int, int]:
     """(padding, tokens computed) of `micro` micro-batches of these sequences, cut and counted as the trainer cuts and
     counts them (`teacli.padding.micro_batches`, `micro_padding`). prompts[P], responses[P × group] prompt-major."""
     groups = [i // group for i in range(len(responses))]
     seq_prompts = [prompts[g] for g in groups]
     batches = micro_batches([p + x for p, x in zip(seq_prompts, responses)], micro, groups if shared else None)
-    return micro_padding(seq_prompts, responses, groups, batches, shared)
+    return micro_padding(seq_prompts, responses, groups, batches, shared, splits)
 
 
 def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_size: int, shared: bool) -> tuple[int, int]:
@@ -392,7 +393,8 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
         cut = (recipe.data.max_prompt_tokens, n)
         micro_count = math.ceil(seqs / recipe.optim.micro_batch_size)
         v = recipe.validation
-        drawn_of["step"] = drawn(lengths, -(-P // gpus), m, *cut, LENGTH_DRAWS, rb, rshared, micro_count, recipe.optim.share_prompts)
+        drawn_of["step"] = drawn(lengths, -(-P // gpus), m, *cut, LENGTH_DRAWS, rb, rshared, micro_count, recipe.optim.share_prompts,
+                                 recipe.optim.completion_splits)
         drawn_of["validation"] = drawn(lengths, min(DRAWN_PROMPTS, math.ceil(v.prompts / gpus)), v.samples, *cut,
                                        VALIDATION_DRAWS, rb, rshared, 0, False)
         drawn_of["eval"] = drawn(lengths, DRAWN_PROMPTS, eval_M or recipe.eval.M, *cut, VALIDATION_DRAWS, rb, rshared, 0, False)

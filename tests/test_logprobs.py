@@ -330,3 +330,43 @@ def test_completion_positions_found_on_the_host_change_nothing(tok):
         assert (got[0][0][cmask == 0] == 0).all()
         for a, b in zip(got[0][1], got[1][1]):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layers", [0, 1, 3])
+def test_completions_in_split_forwards_equal_whole_sequences(tok, layers):
+    """optim.completion_splits: a micro-batch's completions sorted by length run in 3 forwards on the prompts' cache,
+    each padded to its own longest, give the whole sequences' log-probs and parameter gradients (float32), with no
+    layer checkpointed, the first, or all 3; the prompts still run once. shared_batch's completions of 4, 6, 1, 5, 3
+    and 6 tokens, sorted 1, 3, 4, 5, 6, 6: the least-padding cut into 3 is [1 | 3, 4 | 5, 6, 6] (1 + 2·4 + 3·6 = 27
+    tokens; every other cut computes 28 or more), so every layer runs the 3 prompts (8 columns) and 2·3 + 3·5
+    completion tokens (a run of width 1 runs none: its last token predicts nothing), not 6·5 as in one forward."""
+    from teacli.logprobs import shared_prompt_logprobs
+    from teacli.models import set_gradient_checkpointing
+    from teacli.train.batching import pack, packed_micro_batches
+
+    prompts, completions = shared_batch()
+    order = sorted(range(6), key=lambda i: len(completions[i]))
+    assert order == [2, 4, 0, 3, 1, 5]
+    prompts, completions = [prompts[i] for i in order], [completions[i] for i in order]
+    input_ids, attn, cmask, lp = pack(prompts, completions, tok.pad_token_id, "cpu")
+    (_, batch, _, _), = packed_micro_batches(prompts, completions, torch.zeros(6), [list(range(6))], True,
+                                             tok.pad_token_id, "cpu", splits=3)
+    *inputs, splits, index = batch
+    assert [(rows, cols) for rows, cols, _ in splits] == [(1, 1), (2, 4), (3, 6)]
+    weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(6))
+    model = make_causal_lm(tok, num_hidden_layers=3).float().train()
+    set_gradient_checkpointing(model, layers)
+    results = []
+    for forward in (lambda: token_logprobs(model, input_ids, attn, lp),
+                    lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=splits)):
+        model.zero_grad(set_to_none=True)
+        count = TokenCount(model)
+        value = forward()
+        count.in_backward = True
+        (value * weights).sum().backward()
+        count.remove()
+        results.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, count))
+    (whole, g_whole, _), (split, g_split, count) = results
+    assert_shared_equals_whole(split, g_split, whole, g_whole, cmask)
+    assert count.forward == 3 * (3 * 8 + 2 * 3 + 3 * 5)
+    assert count.backward == layers * 3  # each checkpointed layer recomputed for the prompts and the two runs it ran

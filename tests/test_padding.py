@@ -7,7 +7,7 @@ import sys
 
 sys.modules["vllm"] = sys.modules["deepspeed"] = None  # a leaf: it must import neither
 
-from teacli.padding import computed, even_sizes, least_padding  # noqa: E402
+from teacli.padding import FORWARD_TOKENS, batch_sizes, computed, even_sizes, least_padding, micro_padding, split_sizes  # noqa: E402
 
 
 def test_even_sizes_put_the_extra_rows_first():
@@ -38,3 +38,52 @@ def test_what_it_cannot_cut_is_none():
     assert least_padding([1, 2], 3, cap=100) is None  # more batches than rows
     assert least_padding([5] * 400, 400, cap=100) is None  # too large a search (400 · 400²): the caller's even cut
     assert least_padding([4], 1, cap=4) == [1]
+
+
+def test_a_free_number_of_batches_pays_for_each():
+    # [1, 1, 1, 1, 10, 10] from 1 to 6 batches: one computes 6·10 = 60 tokens; two, [4, 2], 24 (nothing padded, so
+    # more never compute fewer). At 10 tokens a batch: 60 + 10 = 70 against 24 + 20 = 44, so two; at 40 a batch:
+    # 60 + 40 = 100 against 24 + 80 = 104, so one.
+    widths = [1, 1, 1, 1, 10, 10]
+    assert least_padding(widths, 1, cap=60, most=6) == [4, 2]  # ties (24 tokens in 2 to 6 batches): the fewest
+    assert least_padding(widths, 1, cap=60, most=6, per_batch=10) == [4, 2]
+    assert least_padding(widths, 1, cap=60, most=6, per_batch=40) == [6]
+    assert least_padding(widths[::-1], 1, cap=60, most=6, per_batch=10) == [2, 4]
+    # at least `count`: three batches of 24 tokens ([1 | 1, 1, 1 | 10, 10], [4 | 10 | 10], ...), the first found
+    three = least_padding(widths, 3, cap=60, most=6, per_batch=40)
+    assert len(three) == 3 and sum(computed(widths, three)) == 24
+
+
+def test_split_sizes():
+    # 30 completions of 10 tokens and two of 500 and 512: one forward computes 32·512 = 16,384 tokens; two, [30, 2],
+    # 300 + 1,024 = 1,324 and one forward more (FORWARD_TOKENS), which 15,060 tokens saved pay for; three,
+    # [30, 1, 1], 1,312 and two more, which saves 12 tokens, not FORWARD_TOKENS.
+    assert 12 < FORWARD_TOKENS < 15060
+    widths = [10] * 30 + [500, 512]
+    assert split_sizes(widths, "auto") == [30, 2]
+    assert split_sizes(widths, 3) == [30, 1, 1] and split_sizes(widths, 1) == [32]
+    assert split_sizes(widths[:3], 8) == [1, 1, 1]  # at most one forward a row
+    # equal lengths: nothing to save, one forward; fewer than two rows: one forward (or none)
+    assert split_sizes([300] * 32, "auto") == [32] and split_sizes([7], "auto") == [1] and split_sizes([], 4) == []
+    # a completion of no tokens pads to one column, as `pack_shared` pads it
+    assert split_sizes([0, 0, 3, 3], 2) == [2, 2]  # 2·1 + 2·3 = 8 tokens; [1, 3] computes 10
+
+
+def test_shared_micro_padding_counts_each_forward():
+    """One prompt of 2 tokens and completions of 1, 1 and 5: one forward computes 2 + 3·5 = 17 tokens, 8 of them
+    padding; in two forwards [1, 1 | 5], 2 + 2·1 + 1·5 = 9, none. The completions are counted sorted, as the trainer
+    orders a shared micro-batch (here given longest first)."""
+    prompts, comps, keys = [2, 2, 2], [5, 1, 1], [0, 0, 0]
+    assert micro_padding(prompts, comps, keys, [[0, 1, 2]], True) == (8, 17)
+    assert micro_padding(prompts, comps, keys, [[0, 1, 2]], True, 2) == (0, 9)
+    assert micro_padding(prompts, comps, keys, [[0, 1, 2]], True, 1) == micro_padding(prompts, comps, keys, [[0, 1, 2]], True)
+
+
+def test_reward_batches_add_one_where_it_saves_more_than_a_forward():
+    # four rows longest first at batch_size 4: one batch of 4·4,000 = 16,000 tokens; two, [2, 2], 8,000 + 2·10 =
+    # 8,020 and a forward more, which 7,980 tokens saved pay for. Of 1,000 and 10: 4,000 against 2,020 saves 1,980,
+    # less than a forward: one batch. Rows of one length: the count of batch_size rows a batch, as before.
+    assert 1980 < FORWARD_TOKENS < 7980
+    assert batch_sizes([4000, 4000, 10, 10], 4) == [2, 2] and batch_sizes([1000, 1000, 10, 10], 4) == [4]
+    assert batch_sizes([300] * 8, 4) == [4, 4] and batch_sizes([300] * 7, 4) == [3, 4]
+    assert batch_sizes([], 4) == []

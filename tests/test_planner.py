@@ -633,7 +633,8 @@ def test_realistic_lengths_price_the_mean_sequence_its_padding_and_the_longest_r
     """At rehearsal.lengths: realistic (uf_llama1b_tea on one H200, hf engine): reward, reference and training are
     the fixed formulas at the drawn lengths' mean sequence with the padding's share on top and attention over the
     token-weighted mean length; generation decodes a wave's longest response over its longest prompt; memory is
-    priced at the longest sequence a run holds (data.max_prompt_tokens + rollout.max_new_tokens)."""
+    priced at the longest sequence a run holds (data.max_prompt_tokens + rollout.max_new_tokens). The padding is
+    the trainer's own count of the micro-batches (their completions in the forwards optim.completion_splits cuts)."""
     from teacli.standins import model_shape
     from teacli.padding import micro_batches
     from teacli.train.batching import padding
@@ -649,7 +650,8 @@ def test_realistic_lengths_price_the_mean_sequence_its_padding_and_the_longest_r
     pad = tot = rpad = rtot = whole = squares = 0
     for p, r in draws:
         seq_prompt, seq_comp = [[g] * p[g] for g in groups], [[0] * x for x in r]
-        a, b = padding(seq_prompt, seq_comp, micro_batches([p[g] + x for g, x in zip(groups, r)], 16, groups), True)
+        a, b = padding(seq_prompt, seq_comp, micro_batches([p[g] + x for g, x in zip(groups, r)], 16, groups), True,
+                       recipe.optim.completion_splits)
         pad, tot = pad + a, tot + b
         a, b = planner._reward_padding(p, r, m, 32, True)
         rpad, rtot = rpad + a, rtot + b

@@ -385,6 +385,14 @@ class OptimConfig:
         True, "Run each distinct prompt of a micro-batch through the model once and its m completions on its KV cache "
         "(same log-probs and gradients, the prompt's work done once instead of m times), gradient-checkpointed layers or not.",
     )
+    completion_splits: int | Literal["auto"] = field(
+        "auto", "With shared prompts: the forwards a micro-batch's completions run in on their prompt's cache, sorted by "
+        "length and each padded to its own longest, so that short ones do not pad to the longest (same log-probs and "
+        "gradients). An integer k = k forwards cut where they pad least (1 = one forward, every completion padded to the "
+        "micro-batch's longest); auto = the number that computes the fewest tokens counting 6,000 tokens a forward for its "
+        "fixed cost (teacli/padding.py FORWARD_TOKENS, measured for the 1B policy on an H200; docs/performance.md).",
+        ge=1,
+    )
     micro_batch_size: int = field(8, "Sequences per forward/backward: a rank's P*m/W sequences are sorted by length into ceil(P*m/W / this) micro-batches, one optimizer update per step; with shared prompts split evenly (at most this many each), otherwise cut where they pad least, none holding more tokens than the largest even micro-batch (so one of short sequences may hold more).", ge=1)
 
 
@@ -503,7 +511,8 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     # change too); a change of rollout.colocated is taken only where the recipe names it (teacli/train/loop.py: train)
     "rollout.colocated", "rollout.generation_ranks",
     # how the update is computed: the same gradient, in other pieces or with recomputation
-    "optim.micro_batch_size", "optim.share_prompts", "policy.gradient_checkpointing", "policy.kernels",
+    "optim.micro_batch_size", "optim.share_prompts", "optim.completion_splits", "policy.gradient_checkpointing",
+    "policy.kernels",
     # where the numbers go
     "logging",
     # what the reward-hacking watch looks for (validation rows only; training and selection are unchanged)

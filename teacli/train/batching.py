@@ -115,11 +115,15 @@ def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_i
 
 
 def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tensor", batches: list[list[int]], shared: bool,
-                         pad_id: int, device, seq_rollout_logp: list | None = None) -> list[tuple]:
+                         pad_id: int, device, seq_rollout_logp: list | None = None, splits: int | str = 1) -> list[tuple]:
     """(weight, batch, advantages, sampler log-probs) of every micro-batch, on `device`: the batch as `pack_shared`
     (shared) or `pack_tight` builds it, plus its completion positions (`logprobs.completion_index`, found on the host);
     the sampler's log-probs (`importance.pack_rollout_logprobs`, aligned with the batch's completion mask) where
     `seq_rollout_logp` is given, else None.
+
+    Shared, a micro-batch's sequences are ordered by completion length and its completions run in the forwards
+    `teacli.padding.split_sizes(…, splits)` cuts (optim.completion_splits): the batch holds, before its completion
+    positions, the (rows, width, completion positions) of each, for `logprobs.shared_prompt_logprobs`' `splits`.
 
     Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
     the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
@@ -129,12 +133,23 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     from teacli.logprobs import completion_index
     from teacli.train.importance import pack_rollout_logprobs
 
+    from teacli.padding import split_sizes
+
     out = []
     for idx in batches:
         weight = 1.0 if idx else 0.0
         idx = idx or batches[0][:1]
+        if shared:
+            idx = sorted(idx, key=lambda i: len(seq_comp[i]))  # stable: one group's micro-batch is in this order already
         batch = (pack_shared if shared else pack_tight)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
         cmask = batch[-1] if shared else batch[2]
+        if shared:
+            runs, first = [], 0
+            for rows in split_sizes([len(seq_comp[i]) for i in idx], splits):
+                cols = max(1, len(seq_comp[idx[first + rows - 1]]))
+                runs.append((rows, cols, completion_index(cmask[first : first + rows, :cols]).to(device)))
+                first += rows
+            batch = (*batch, tuple(runs))
         moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, completion_index(cmask)))
         rollout = None
         if seq_rollout_logp is not None:
@@ -146,12 +161,14 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     return out
 
 
-def padding(seq_prompt: list[list[int]], seq_comp: list[list[int]], batches: list[list[int]], shared: bool) -> tuple[int, int]:
+def padding(seq_prompt: list[list[int]], seq_comp: list[list[int]], batches: list[list[int]], shared: bool,
+            splits: int | str = 1) -> tuple[int, int]:
     """(padding tokens, tokens computed) of the micro-batches `packed_micro_batches` packs (`teacli.padding.micro_padding`
-    of their lengths, each distinct prompt once where they are shared)."""
+    of their lengths, each distinct prompt once and the completions in their forwards where they are shared)."""
     from teacli.padding import micro_padding
 
-    return micro_padding([len(p) for p in seq_prompt], [len(c) for c in seq_comp], [tuple(p) for p in seq_prompt], batches, shared)
+    return micro_padding([len(p) for p in seq_prompt], [len(c) for c in seq_comp], [tuple(p) for p in seq_prompt], batches,
+                         shared, splits)
 
 
 def pad_share(pad: int, computed: int) -> float:

@@ -35,7 +35,8 @@ def _logprobs(model, batch: tuple, shared: bool) -> "torch.Tensor":
 
     *batch, index = batch
     if shared:
-        return shared_prompt_logprobs(model, *batch, completion_index=index)
+        *batch, splits = batch
+        return shared_prompt_logprobs(model, *batch, completion_index=index, splits=splits)
     input_ids, attn, _, lp = batch
     return token_logprobs(model, input_ids, attn, lp, completion_index=index)
 
@@ -118,13 +119,14 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     shared = shares_prompts(recipe, engine, reference)
     seq_group = [p for p, g in enumerate(groups) for _ in g]
     batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro, seq_group if shared else None)
+    splits = recipe.optim.completion_splits
     packed = packed_micro_batches(seq_prompt, seq_comp, seq_adv, batches, shared, pad_id, device,
-                                  seq_rollout_logp if is_level != "off" else None)
+                                  seq_rollout_logp if is_level != "off" else None, splits)
     stats: dict = {}
     ref_time, grad_norm = _Timer(device), None
     engine.train()
     for k, (weight, batch, adv, rollout_logp) in enumerate(packed):
-        cmask = batch[-2] if shared else batch[2]
+        cmask = batch[4] if shared else batch[2]
         ref = None
         if reference is not None:
             with ref_time:
@@ -155,7 +157,7 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
             f"saved and a rerun resumes from the last checkpoint; usual causes are a NaN reward or an overflow in "
             f"policy.dtype={recipe.policy.dtype} (try float32, or a lower optim.lr)")
     stats["time_ref_logprobs"] = t_ref
-    stats["pad_frac_train"] = pad_share(*padding(seq_prompt, seq_comp, batches, shared))
+    stats["pad_frac_train"] = pad_share(*padding(seq_prompt, seq_comp, batches, shared, splits))
     if reference is not None:
         stats["pad_frac_reference"] = stats["pad_frac_train"]
     if is_level != "off":

@@ -101,3 +101,66 @@ def test_shared_prompts_on_checkpointed_layers_match_whole_sequences(cuda, dtype
     else:  # bf16: no further from the whole sequences than the uncheckpointed shared path (which tests/gpu/... pass)
         assert lp_err <= 2 * lp_base + 1e-2 and grad_err <= 2 * grad_base + 1e-2
     assert ckpt_shared[2] < ckpt_whole[2]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
+    """optim.completion_splits on CUDA (sdpa, liger's fused head where installed, 2 of 4 layers checkpointed): the
+    micro-batch's completions sorted by length in 4 forwards on the prompts' cache give the log-probs and gradients
+    of one forward, tightly in float32 (TF32 off); in bf16 no further from the whole sequences than one forward is.
+    The split run computes fewer tokens, so it holds no more at its peak."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from teacli.logprobs import shared_prompt_logprobs, token_logprobs
+    from teacli.models import set_gradient_checkpointing
+    from teacli.train.batching import pack, packed_micro_batches
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    config = LlamaConfig(**SHAPE)
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config).to(cuda, getattr(torch, dtype)).train()
+    set_gradient_checkpointing(model, 2)
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(0, SHAPE["vocab_size"]) for _ in range(PROMPT - 37 * p)] for p in range(GROUPS)]
+    seq_prompt = [prompts[p] for p in range(GROUPS) for _ in range(M)]
+    seq_comp = [[rng.randrange(0, SHAPE["vocab_size"]) for _ in range(rng.randint(4, COMPLETION))] for _ in seq_prompt]
+    order = sorted(range(len(seq_comp)), key=lambda i: len(seq_comp[i]))
+    input_ids, attn, cmask, n_prompt = pack([seq_prompt[i] for i in order], [seq_comp[i] for i in order], 0, cuda)
+    weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(1)).to(cuda) * cmask
+    rows = list(range(len(seq_comp)))
+
+    def run(forward):
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        logp = forward()
+        (logp * weights).sum().backward()
+        torch.cuda.synchronize()
+        grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logp.detach().float(), grads, torch.cuda.max_memory_allocated() - base
+
+    def shared(splits):
+        (_, batch, _, _), = packed_micro_batches(seq_prompt, seq_comp, torch.zeros(len(rows)), [rows], True, 0, cuda, splits=splits)
+        *inputs, runs, index = batch
+        assert len(runs) == splits
+        return lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=runs)
+
+    whole = run(lambda: token_logprobs(model, input_ids, attn, n_prompt))
+    one, split = run(shared(1)), run(shared(4))
+    valid = cmask.bool()
+    lp_split = float((split[0] - whole[0])[valid].abs().max())
+    lp_one = float((one[0] - whole[0])[valid].abs().max())
+    g_split, g_one = _rel(split[1], whole[1]), _rel(one[1], whole[1])
+    print(f"\n{dtype}: against the whole sequences, log-prob max |diff| 4 forwards {lp_split:.3g}, one {lp_one:.3g}; "
+          f"gradients' largest relative difference {g_split:.3g}, {g_one:.3g}; peak MiB {split[2] / 2**20:.0f}, {one[2] / 2**20:.0f}")
+    assert (split[0][~valid] == 0).all() and split[0].isfinite().all()
+    if dtype == "float32":
+        assert float((split[0] - one[0]).abs().max()) < 1e-4 and _rel(split[1], one[1]) < 1e-4
+    else:
+        assert lp_split <= 2 * lp_one + 1e-2 and g_split <= 2 * g_one + 1e-2
+    assert split[2] <= one[2]

@@ -136,12 +136,14 @@ def build(world, zero_stage: int, max_grad_norm: float, micro: int, nominal_seqs
     return tok, recipe, engine, reference, twin
 
 
-@pytest.mark.parametrize("share_prompts, checkpointed", [(True, 0), (False, 0), (True, 2), (True, 1), (False, 2)])
-def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, share_prompts, checkpointed, monkeypatch):
+@pytest.mark.parametrize("share_prompts, checkpointed, splits", [(True, 0, 1), (False, 0, 1), (True, 2, 1), (True, 1, 1), (False, 2, 1),
+                                                                 (True, 0, 3), (True, 1, 2)])
+def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, share_prompts, checkpointed, splits, monkeypatch):
     """Whatever the sequence count (fewer than, equal to, or more than nominal), one update with the full-batch gradient;
     with each prompt run once per micro-batch (optim.share_prompts) or whole with each sequence; with every layer of
     the policy (2 of 2: policy.gradient_checkpointing: true) or the first gradient-checkpointed, or none (issue 45:
-    checkpointing kept sharing off before)."""
+    checkpointing kept sharing off before); a shared micro-batch's completions in one forward or in up to 2 or 3
+    (optim.completion_splits)."""
     import torch
 
     import teacli.logprobs
@@ -150,7 +152,7 @@ def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, shar
 
     tok, recipe, engine, reference, twin = build(world, zero_stage=0, max_grad_norm=0.0, micro=4, nominal_seqs=9,
                                                  checkpointed=checkpointed)
-    recipe.optim.share_prompts = share_prompts
+    recipe.optim.share_prompts, recipe.optim.completion_splits = share_prompts, splits
     assert shares_prompts(recipe, engine, reference) is share_prompts
     assert getattr(engine.module, "is_gradient_checkpointing", False) is bool(checkpointed)
     shared_calls = []
