@@ -1,0 +1,30 @@
+"""benchmarks/completion_splits.py's CPU smoke run: a tiny Llama, one draw of each length mode; the table has a row
+per mode and setting with the padding that teacli.padding counts (none at fixed lengths; at realistic ones falling as
+the forwards rise), the fit's lines, and the profiler's totals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_completion_splits_smoke(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "completion_splits.py"), "--small", "--draws", "1",
+                           "--repeats", "1", "--splits", "1,2,4,auto", "--lengths", "fixed,realistic", "--profile",
+                           "--json", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["lengths"], r["splits"]) for r in rows] == [(m, k) for m in ("fixed", "realistic") for k in (1, 2, 4, "auto")]
+    fixed, real = rows[:4], rows[4:]
+    assert [r["forwards"] for r in real[:3]] == [1, 2, 4] and all(r["pad_frac"] == 0 for r in fixed)
+    assert fixed[3]["forwards"] == 1  # equal lengths: nothing to save, auto keeps one forward
+    pads = [r["pad_frac"] for r in real[:3]]
+    assert pads[0] > pads[1] > pads[2] >= 0 and all(r["train_ms"] > 0 and r["ref_ms"] > 0 for r in rows)
+    assert "| lengths | k | forwards |" in proc.stdout and "realistic train_ms:" in proc.stdout
+    assert proc.stdout.count("host (self CPU)") == 2 * len(rows)
