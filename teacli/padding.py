@@ -2,13 +2,13 @@
 
 A batch of rows is padded to its longest row, so it computes rows × that width tokens. The trainer's micro-batches
 (teacli/train/batching.py: exactly the engine's gradient-accumulation count of them) and the reward model's forward
-batches (teacli/rewards/hf.py: about `reward.batch_size` rows a batch) cut a length-sorted list into consecutive
-batches. Even sizes pad wherever the lengths spread within a batch (the short end of a right-skewed length
+batches (teacli/rewards/hf.py: as many as `reward.batch_size` rows a batch make) cut a length-sorted list into a
+number of consecutive batches fixed in advance. Even sizes pad wherever the lengths spread within a batch (the short end of a right-skewed length
 distribution, `rehearsal.lengths: realistic`); `least_padding` picks the sizes that compute the fewest tokens
 instead, with no batch computing more than a cap (the largest batch of the even cut: no more memory than before),
-and where the number of batches is free, the number that computes the fewest tokens plus FORWARD_TOKENS a batch: a
-shared micro-batch's completions (one group's, `optim.completion_splits`) run in forwards of similar lengths on their
-prompt's cache (`split_sizes`). It lives below the stages, which share it, and the planner (teacli/planner.py), which
+and where the number of batches is free, the number that computes the fewest tokens plus FORWARD_TOKENS a batch: with
+`optim.completion_splits`, a shared micro-batch's completions run in forwards of similar lengths on their prompt's
+cache (`split_sizes`). It lives below the stages, which share it, and the planner (teacli/planner.py), which
 cuts drawn lengths as a run would to price their padding: `micro_batches` (by `micro_sizes`) is the trainer's cut,
 `split_sizes` its forwards and `micro_padding` what they compute, `batch_sizes` the reward model's cut.
 """
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 # The exact search does count × rows² work (numpy): beyond this, the caller's even cut stands (rows scored or trained
 # in one call: 512 for a step of the paper's recipes on one GPU).
 MAX_WORK = 50_000_000
-# What one more forward costs beside its tokens, in tokens of work: a shared micro-batch's completions run in more,
-# shorter forwards (`split_sizes`) and the reward model's rows in more batches (`batch_sizes`) only where that saves
-# more padding than this a forward. Measured on one H200 for the 1B paper policy (benchmarks/completion_splits.py,
+# What one more forward costs beside its tokens, in tokens of work: with optim.completion_splits auto, a shared
+# micro-batch's completions run in more, shorter forwards (`split_sizes`) only where that saves more padding than this
+# a forward. Measured on one H200 for the 1B paper policy (benchmarks/completion_splits.py,
 # results/performance/2026-11-29-h200-splits/): a forward and backward costs 75.7 ms beside 12.2 µs a token (6,223
 # tokens), a forward without gradients 20.2 ms beside 4.7 µs a token (4,257). A larger model's tokens cost more
 # against the same launches: splitting pays sooner there (optim.completion_splits: k).
@@ -164,12 +164,9 @@ def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_key
 
 def batch_sizes(widths: Sequence[int], batch_size: int) -> list[int]:
     """Sizes of the reward model's forward batches of rows sorted longest first (widths[b]: row b's tokens,
-    teacli/rewards/hf.py): as many batches as `batch_size` rows a batch make, or up to twice as many where each
-    further one saves more padding than FORWARD_TOKENS, cut where they compute the fewest tokens with none computing
-    more than the first (`batch_size` of the longest rows: no more memory), so a batch of shorter rows may hold more
-    than `batch_size`; `batch_size` rows a batch where that search is too large."""
+    teacli/rewards/hf.py): as many batches as `batch_size` rows a batch make, cut where they compute the fewest tokens
+    with none computing more than the first (`batch_size` of the longest rows: no more memory), so a batch of shorter
+    rows may hold more than `batch_size`; `batch_size` rows a batch where that search is too large."""
     count = -(-len(widths) // batch_size)
     even = [min(batch_size, len(widths) - k * batch_size) for k in range(count)]
-    if not widths:
-        return even
-    return least_padding(widths, count, batch_size * widths[0], most=2 * count, per_batch=FORWARD_TOKENS) or even
+    return (least_padding(widths, count, batch_size * widths[0]) if widths else None) or even

@@ -7,7 +7,7 @@ import sys
 
 sys.modules["vllm"] = sys.modules["deepspeed"] = None  # a leaf: it must import neither
 
-from teacli.padding import FORWARD_TOKENS, batch_sizes, computed, even_sizes, least_padding, micro_padding, split_sizes  # noqa: E402
+from teacli.padding import FORWARD_TOKENS, computed, even_sizes, least_padding, micro_padding, split_sizes  # noqa: E402
 
 
 def test_even_sizes_put_the_extra_rows_first():
@@ -78,12 +78,3 @@ def test_shared_micro_padding_counts_each_forward():
     assert micro_padding(prompts, comps, keys, [[0, 1, 2]], True, 2) == (0, 9)
     assert micro_padding(prompts, comps, keys, [[0, 1, 2]], True, 1) == micro_padding(prompts, comps, keys, [[0, 1, 2]], True)
 
-
-def test_reward_batches_add_one_where_it_saves_more_than_a_forward():
-    # four rows longest first at batch_size 4: one batch of 4·4,000 = 16,000 tokens; two, [2, 2], 8,000 + 2·10 =
-    # 8,020 and a forward more, which 7,980 tokens saved pay for. Of 1,000 and 10: 4,000 against 2,020 saves 1,980,
-    # less than a forward: one batch. Rows of one length: the count of batch_size rows a batch, as before.
-    assert 1980 < FORWARD_TOKENS < 7980
-    assert batch_sizes([4000, 4000, 10, 10], 4) == [2, 2] and batch_sizes([1000, 1000, 10, 10], 4) == [4]
-    assert batch_sizes([300] * 8, 4) == [4, 4] and batch_sizes([300] * 7, 4) == [3, 4]
-    assert batch_sizes([], 4) == []
