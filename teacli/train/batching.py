@@ -121,9 +121,10 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     the sampler's log-probs (`importance.pack_rollout_logprobs`, aligned with the batch's completion mask) where
     `seq_rollout_logp` is given, else None.
 
-    Shared, a micro-batch's sequences are ordered by completion length and its completions run in the forwards
-    `teacli.padding.split_sizes(…, splits)` cuts (optim.completion_splits): the batch holds, before its completion
-    positions, the (rows, width, completion positions) of each, for `logprobs.shared_prompt_logprobs`' `splits`.
+    Shared, a micro-batch's completions run in the forwards `teacli.padding.split_sizes(…, splits)` cuts
+    (optim.completion_splits; its sequences ordered by completion length where there may be more than one): the batch
+    holds, before its completion positions, the (rows, width, completion positions) of each, for
+    `logprobs.shared_prompt_logprobs`' `splits`.
 
     Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
     the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
@@ -131,22 +132,21 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     micro-batch: results/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
     micro-batches) is a zero-weight pass over the first one's first sequence: the count stays the engine's."""
     from teacli.logprobs import completion_index
-    from teacli.train.importance import pack_rollout_logprobs
-
     from teacli.padding import split_sizes
+    from teacli.train.importance import pack_rollout_logprobs
 
     out = []
     for idx in batches:
         weight = 1.0 if idx else 0.0
         idx = idx or batches[0][:1]
-        if shared:
-            idx = sorted(idx, key=lambda i: len(seq_comp[i]))  # stable: one group's micro-batch is in this order already
+        if shared and splits != 1:  # stable: one group's micro-batch is in this order already
+            idx = sorted(idx, key=lambda i: len(seq_comp[i]))
         batch = (pack_shared if shared else pack_tight)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
         cmask = batch[-1] if shared else batch[2]
         if shared:
             runs, first = [], 0
             for rows in split_sizes([len(seq_comp[i]) for i in idx], splits):
-                cols = max(1, len(seq_comp[idx[first + rows - 1]]))
+                cols = max(1, *(len(seq_comp[i]) for i in idx[first : first + rows]))
                 runs.append((rows, cols, completion_index(cmask[first : first + rows, :cols]).to(device)))
                 first += rows
             batch = (*batch, tuple(runs))

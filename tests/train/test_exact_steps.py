@@ -313,3 +313,21 @@ def test_a_non_finite_gradient_norm_stops_the_step_with_one_line(world, zero_sta
     with pytest.raises(TrainError, match=r"non-finite gradient norm \((nan|inf)\) at optimizer step 2: .*policy\.dtype=") as info:
         train_step(engine, reference, recipe, prompt_ids, groups, advantages, tok.pad_token_id, torch.device("cpu"))
     assert "\n" not in str(info.value)
+
+
+def test_shared_micro_batches_keep_their_order_in_one_forward_and_sort_to_split():
+    """optim.completion_splits 1 (the default) packs a shared micro-batch as before: its sequences in their order
+    (grouped by prompt) and one forward as wide as its longest completion, wherever that sits; with 2 forwards the
+    sequences are ordered by completion length, the two of one token in a forward of 1 column (2 + 3 = 5 tokens against
+    [1 | 1, 3]'s 1 + 6) and the longest alone."""
+    import torch
+
+    from teacli.train.batching import packed_micro_batches
+
+    prompts, comps = [[7, 8], [7, 8], [9]], [[5, 6, 7], [5], [4]]
+    (_, one, _, _), = packed_micro_batches(prompts, comps, torch.zeros(3), [[0, 1, 2]], True, 0, "cpu")
+    *_, c_ids, _, runs, _ = one
+    assert c_ids.tolist() == [[5, 6, 7], [5, 0, 0], [4, 0, 0]] and [(r, c) for r, c, _ in runs] == [(3, 3)]
+    (_, two, _, _), = packed_micro_batches(prompts, comps, torch.arange(3.0), [[0, 1, 2]], True, 0, "cpu", splits=2)
+    *_, c_ids, _, runs, _ = two
+    assert c_ids.tolist() == [[5, 0, 0], [4, 0, 0], [5, 6, 7]] and [(r, c) for r, c, _ in runs] == [(2, 1), (1, 3)]
