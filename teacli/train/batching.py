@@ -143,14 +143,16 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
             idx = sorted(idx, key=lambda i: len(seq_comp[i]))
         batch = (pack_shared if shared else pack_tight)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
         cmask = batch[-1] if shared else batch[2]
+        index = completion_index(cmask).to(device)
         if shared:
             runs, first = [], 0
             for rows in split_sizes([len(seq_comp[i]) for i in idx], splits):
                 cols = max(1, *(len(seq_comp[i]) for i in idx[first : first + rows]))
-                runs.append((rows, cols, completion_index(cmask[first : first + rows, :cols]).to(device)))
+                whole = (rows, cols) == tuple(cmask.shape)  # one forward (the default): the micro-batch's own positions
+                runs.append((rows, cols, index if whole else completion_index(cmask[first : first + rows, :cols]).to(device)))
                 first += rows
             batch = (*batch, tuple(runs))
-        moved = tuple(t.to(device) if hasattr(t, "to") else t for t in (*batch, completion_index(cmask)))
+        moved = (*(t.to(device) if hasattr(t, "to") else t for t in batch), index)
         rollout = None
         if seq_rollout_logp is not None:
             rows = [seq_rollout_logp[i] for i in idx]
