@@ -6,6 +6,8 @@
     python benchmarks/completion_splits.py --small
     # where a forward's time goes: the rehearsal's fixed lengths beside realistic ones, torch.profiler's top operators
     python benchmarks/completion_splits.py --lengths fixed,realistic --splits 1,4 --profile
+    # a new micro-batch shape every pass, as a step's micro-batches are, under each attention backend order
+    python benchmarks/completion_splits.py --fresh --splits 1 --sdpa default,no-cudnn,cudnn
 
 `optim.completion_splits` runs a shared micro-batch's completions, sorted by length, in k forwards on their
 prompt's cache, each padded to its own longest (`teacli.logprobs.shared_prompt_logprobs`' `splits`, cut by
@@ -26,7 +28,13 @@ side, with its time per computed token. `--profile` runs each setting's first dr
 prints its 12 costliest operators by device time (self CPU time on CPU) and the host's and the device's totals: a
 forward whose fixed cost is the host's launches shows host time near the wall time and the device idle between.
 
-Columns: the lengths, k (forwards; `auto` is what split_sizes chose, per draw), tokens computed and the share that
+`--fresh` times each pass on a micro-batch of a new draw (its own prompt and completion widths, as a step's
+micro-batches are), so that whatever is set up once per shape (an attention backend's plan for a new sequence
+length) is in the time; without it a draw repeats, and that cost is in the warm-up only. `--sdpa` (comma list)
+runs the whole table under each order of torch's scaled-dot-product-attention backends: `default` (torch's own,
+printed), `no-cudnn` (flash, efficient, math), `cudnn` (cuDNN first), `efficient` (memory-efficient first).
+
+Columns: the SDPA order, the lengths, k (forwards; `auto` is what split_sizes chose, per draw), tokens computed and the share that
 is padding (`teacli.padding.micro_padding`), fwd+bwd ms and fwd ms (summed over the draws), and each per computed
 token. The last lines fit time = a · tokens + b · forwards to each column of a length mode (least squares over the
 integer k's) and print b / a: one more forward's cost in tokens, the number FORWARD_TOKENS stands for.
@@ -54,6 +62,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--small", action="store_true", help="a tiny Llama and short lengths (CPU smoke run)")
     ap.add_argument("--lengths", default="realistic", help="comma list of fixed and realistic")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top operators for each setting")
+    ap.add_argument("--fresh", action="store_true", help="each timed pass on a new draw (a new shape), not a repeat")
+    ap.add_argument("--sdpa", default="default", help="comma list of SDPA backend orders: default, no-cudnn, cudnn, efficient")
     ap.add_argument("--json", help="write the rows here too")
     return ap.parse_args()
 
@@ -96,12 +106,15 @@ def micro_batch(args: argparse.Namespace, seed: int, vocab: int, lengths: str) -
     return [prompt] * args.rows, [rng.integers(10, vocab, n).tolist() for n in r]
 
 
-def timed(fn, repeats: int, cuda: bool) -> float:
+def timed(fn, repeats: int, cuda: bool, warm: bool = True) -> float:
+    """The median of `repeats` calls of `fn` after a warm-up call (`warm`), each waited for; without `warm`, one cold
+    call (`--fresh`: its shape is new)."""
     import torch
 
-    fn()  # warm-up
+    if warm:
+        fn()
     times = []
-    for _ in range(repeats):
+    for _ in range(repeats if warm else 1):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -110,6 +123,21 @@ def timed(fn, repeats: int, cuda: bool) -> float:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+SDPA_ORDERS = ("default", "no-cudnn", "cudnn", "efficient")
+
+
+def sdpa_order(name: str):
+    """A context that runs torch's scaled-dot-product attention with the backends of `name` (SDPA_ORDERS), in order."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    flash, eff, math, cudnn = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
+                               SDPBackend.CUDNN_ATTENTION)
+    orders = {"no-cudnn": [flash, eff, math], "cudnn": [cudnn, flash, eff, math], "efficient": [eff, flash, cudnn, math]}
+    return contextlib.nullcontext() if name == "default" else sdpa_kernel(orders[name], set_priority=True)
 
 
 def profile(fn, cuda: bool) -> str:
@@ -149,9 +177,16 @@ def main() -> int:
     if any(m not in ("fixed", "realistic") for m in modes):
         print(f"error: --lengths: {args.lengths!r} is not a comma list of fixed and realistic", file=sys.stderr)
         return 2
-    rows = []
-    for mode, setting in [(m, s) for m in modes for s in settings]:
-        draws = [micro_batch(args, seed, model.config.vocab_size, mode) for seed in range(args.draws)]
+    orders = args.sdpa.split(",")
+    if any(o not in SDPA_ORDERS for o in orders):
+        print(f"error: --sdpa: {args.sdpa!r} is not a comma list of {', '.join(SDPA_ORDERS)}", file=sys.stderr)
+        return 2
+    rows, fresh_seed = [], 1000
+    for order, mode, setting in [(o, m, s) for o in orders for m in modes for s in settings]:
+        seeds = list(range(args.draws))
+        if args.fresh:  # seeds no earlier setting drew: shapes not seen before (widths may still repeat by chance)
+            seeds, fresh_seed = list(range(fresh_seed, fresh_seed + args.draws * args.repeats)), fresh_seed + args.draws * args.repeats
+        draws = [micro_batch(args, seed, model.config.vocab_size, mode) for seed in seeds]
         forwards = tokens = pad = 0
         train = ref = 0.0
         for number, (prompts, comps) in enumerate(draws):
@@ -166,39 +201,46 @@ def main() -> int:
             def train_pass():
                 model.train()
                 model.zero_grad(set_to_none=True)
-                shared_prompt_logprobs(model, *inputs, completion_index=index, splits=splits).sum().backward()
+                with sdpa_order(order):
+                    loss = shared_prompt_logprobs(model, *inputs, completion_index=index, splits=splits).sum()
+                loss.backward()
 
             def ref_pass():
                 model.eval()
-                with torch.no_grad():
+                with torch.no_grad(), sdpa_order(order):
                     shared_prompt_logprobs(model, *inputs, completion_index=index, splits=splits)
 
-            train += timed(train_pass, args.repeats, cuda)
-            ref += timed(ref_pass, args.repeats, cuda)
+            ref += timed(ref_pass, args.repeats, cuda, warm=not args.fresh)  # the trainer's order: the reference first
+            train += timed(train_pass, args.repeats, cuda, warm=not args.fresh)
             if args.profile and number == 0:
                 for name, fn in (("fwd+bwd", train_pass), ("fwd", ref_pass)):
-                    print(f"\n{mode} lengths, k={setting}, {name}: {profile(fn, cuda)}", flush=True)
-        rows.append({"lengths": mode, "splits": setting, "forwards": forwards / len(draws), "tokens": tokens,
+                    print(f"\n{order} SDPA, {mode} lengths, k={setting}, {name}: {profile(fn, cuda)}", flush=True)
+        rows.append({"sdpa": order, "lengths": mode, "splits": setting, "forwards": forwards / len(draws), "passes": len(draws), "tokens": tokens,
                      "pad_frac": pad / tokens, "train_ms": 1e3 * train, "ref_ms": 1e3 * ref})
-        print(f"  {mode} k={setting}: {rows[-1]}", file=sys.stderr, flush=True)
+        print(f"  {order} {mode} k={setting}: {rows[-1]}", file=sys.stderr, flush=True)
 
     device = torch.cuda.get_device_name() if cuda else "cpu"
+    from torch.nn.attention import SDPBackend
+
+    default = ", ".join(SDPBackend(i).name for i in torch._C._get_sdp_priority_order())
+    how = (f"{args.draws * args.repeats} new draws each, timed once (--fresh)" if args.fresh else
+           f"{args.draws} draws, medians of {args.repeats}")
     print(f"{args.model if not args.small else 'tiny llama'} on {device} ({kind} kernels), {args.rows} completions a "
-          f"micro-batch, {args.draws} draws of {' and '.join(modes)} lengths, medians of {args.repeats}")
-    print("| lengths | k | forwards | tokens computed | padding | fwd+bwd ms | fwd ms | fwd+bwd µs a token | fwd µs a token |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          f"micro-batch, {' and '.join(modes)} lengths, {how}; torch's SDPA order (default): {default}")
+    print("| SDPA | lengths | k | forwards | tokens computed | padding | fwd+bwd ms | fwd ms | fwd+bwd µs a token | fwd µs a token |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['lengths']} | {r['splits']} | {r['forwards']:.1f} | {r['tokens']:,} | {r['pad_frac']:.1%} | "
+        print(f"| {r['sdpa']} | {r['lengths']} | {r['splits']} | {r['forwards']:.1f} | {r['tokens']:,} | {r['pad_frac']:.1%} | "
               f"{r['train_ms']:.1f} | {r['ref_ms']:.1f} | {1e3 * r['train_ms'] / r['tokens']:.2f} | "
               f"{1e3 * r['ref_ms'] / r['tokens']:.2f} |")
-    for mode in modes:
-        fit = [r for r in rows if r["lengths"] == mode and r["splits"] != "auto"]
+    for order, mode in [(o, m) for o in orders for m in modes]:
+        fit = [r for r in rows if r["sdpa"] == order and r["lengths"] == mode and r["splits"] != "auto"]
         if len({r["forwards"] for r in fit}) < 2:
             continue
-        x = np.array([[r["tokens"], r["forwards"] * args.draws] for r in fit], dtype=float)
+        x = np.array([[r["tokens"], r["forwards"] * r["passes"]] for r in fit], dtype=float)
         for column in ("train_ms", "ref_ms"):
             (a, b), *_ = np.linalg.lstsq(x, np.array([r[column] for r in fit]), rcond=None)
-            print(f"{mode} {column}: {a * 1e3:.3f} ms a thousand tokens + {b:.2f} ms a forward = "
+            print(f"{order} {mode} {column}: {a * 1e3:.3f} ms a thousand tokens + {b:.2f} ms a forward = "
                   f"{b / a if a > 0 else float('nan'):,.0f} tokens a forward")
     if args.json:
         with open(args.json, "w") as f:

@@ -28,3 +28,20 @@ def test_completion_splits_smoke(tmp_path):
     assert pads[0] > pads[1] > pads[2] >= 0 and all(r["train_ms"] > 0 and r["ref_ms"] > 0 for r in rows)
     assert "| lengths | k | forwards |" in proc.stdout and "realistic train_ms:" in proc.stdout
     assert proc.stdout.count("host (self CPU)") == 2 * len(rows)
+
+
+def test_fresh_draws_under_each_sdpa_order(tmp_path):
+    """--fresh: every timed pass is a new draw (draws × repeats of them a row, none shared between rows: each order's
+    row sees shapes of its own); --sdpa: a row per backend order, named in the table."""
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "completion_splits.py"), "--small", "--draws", "1",
+                           "--repeats", "2", "--splits", "1", "--lengths", "realistic", "--fresh", "--sdpa",
+                           "default,no-cudnn", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["sdpa"], r["passes"], r["forwards"]) for r in rows] == [("default", 2, 1), ("no-cudnn", 2, 1)]
+    assert rows[0]["tokens"] != rows[1]["tokens"]  # other draws (the same seeds would give the same lengths)
+    assert "| no-cudnn | realistic | 1 |" in proc.stdout and "torch's SDPA order (default): " in proc.stdout
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "completion_splits.py"), "--small", "--sdpa", "cudnn-first"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--sdpa" in bad.stderr
