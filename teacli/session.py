@@ -85,6 +85,7 @@ class Sampler:
         from teacli.rollout.factory import build_engine
 
         rollout = rollout or recipe.rollout
+        models.allow_cudnn_attention(recipe.backend.cudnn_attention)
         model = models.load_policy(policy, dtype=dtype, device=device).eval()
         scorer = build_reward(reward or recipe.reward, device=device, tokenizer=tokenizer)
         engine = build_engine(rollout, model, tokenizer, policy=policy, seed=recipe.seed,

@@ -400,3 +400,16 @@ def test_plain_progress_turns_the_hub_and_transformers_bars_off_only_off_a_termi
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+def test_allow_cudnn_attention_sets_torchs_process_flag():
+    """backend.cudnn_attention reaches torch's process-wide switch (`scaled_dot_product_attention` then never picks
+    cuDNN), both ways."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        models.allow_cudnn_attention(False)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is False
+        models.allow_cudnn_attention(True)
+        assert torch.backends.cuda.cudnn_sdp_enabled() is True
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

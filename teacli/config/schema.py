@@ -28,10 +28,11 @@ from typing import Any
 from teacli.config.tree import Recipe, RecipeError, field_docs, recipe_changes
 
 SCHEMA_KEY = "tea_schema"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The version this tea writes. 2: the first recorded (policy.kernels auto). 3: reward.kernels auto. 4: no default
 changed (optim.completion_splits added at 1, as runs were); written by the working tree in which that key defaulted to
-auto, whose one record (results/performance/2026-11-29-h200-splits/, a rehearsal) names its value."""
+auto, whose one record (results/performance/2026-11-29-h200-splits/, a rehearsal) names its value. 5:
+backend.cudnn_attention false (torch's own SDPA choice, cuDNN first on Hopper, before)."""
 
 SCHEMA_DEFAULTS: dict[int, dict[str, Any]] = {
     # Written before versions were recorded, each with every key tea had then: a key one lacks did not exist yet,
@@ -42,6 +43,7 @@ SCHEMA_DEFAULTS: dict[int, dict[str, Any]] = {
         "rollout.stop_tokens": [],  # added at []: only EOS ended a completion before
         "advantage.scale_rewards": "none",  # added at none: "runs unchanged" (CHANGELOG)
         "reward.share_prompts": False,  # added at true (issue 45): every reward model scored whole conversations before
+        "backend.cudnn_attention": True,  # added at false: torch chose its SDPA backend (cuDNN allowed) before
     },
     2: {
         "policy.kernels": "auto",
@@ -49,6 +51,9 @@ SCHEMA_DEFAULTS: dict[int, dict[str, Any]] = {
     3: {
         "reward.kernels": "auto",  # eager (version 1's entry) until: liger scored the 8B reward model 1.22x faster
         "reward.share_prompts": True,  # named here so that records of version 1 and 2, which lack it, read false
+    },
+    5: {
+        "backend.cudnn_attention": False,  # cuDNN's per-shape plans: a realistic micro-batch 2x as long a token (H100)
     },
 }
 """version → {dotted key: its default from this version on}: what a recipe.yaml of that version which lacks the key

@@ -414,6 +414,13 @@ class BackendConfig:
     precision: Literal["auto", "bf16", "fp32"] = field("auto", "Training precision; 'auto' = bf16 where the device supports it (fp32 master weights), else fp32.")
     offload_optimizer: bool = field(False, "ZeRO: offload optimizer state to CPU.")
     offload_params: bool = field(False, "ZeRO-3: offload parameters to CPU.")
+    cudnn_attention: bool = field(
+        False,
+        "Let torch's scaled-dot-product attention use its cuDNN backend (CUDA). false = flash, memory-efficient or math "
+        "only, for every forward of the process (the trainer's, the reference's, the reward model's). cuDNN builds a plan "
+        "for each new sequence shape, and a step's micro-batches are all new shapes where lengths vary: on an H100 that made "
+        "a realistic micro-batch's forward and backward 2x as long a token (docs/performance.md, \"Attention backends\").",
+    )
 
 
 @dataclass
@@ -513,7 +520,7 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     "rollout.colocated", "rollout.generation_ranks",
     # how the update is computed: the same gradient, in other pieces or with recomputation
     "optim.micro_batch_size", "optim.share_prompts", "optim.completion_splits", "policy.gradient_checkpointing",
-    "policy.kernels",
+    "policy.kernels", "backend.cudnn_attention",
     # where the numbers go
     "logging",
     # what the reward-hacking watch looks for (validation rows only; training and selection are unchanged)

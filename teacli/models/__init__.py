@@ -20,6 +20,7 @@ from teacli.cache import cache_dir  # the one reader of TEA_CACHE (standins/ rea
 from teacli.models.attention import (
     CASCADE,
     CascadeCache,
+    allow_cudnn_attention,
     attention_implementation,
     register_sdpa_gqa,
     sdpa_gqa_attention,
@@ -47,6 +48,7 @@ __all__ = [
     "STANDIN_MARKER",
     "CascadeCache",
     "ChatTemplateError",
+    "allow_cudnn_attention",
     "attention_implementation",
     "cache_dir",
     "checkpointable_layers",

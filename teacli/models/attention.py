@@ -60,6 +60,15 @@ def sdpa_gqa_attention(
     return out.transpose(1, 2).to(dtype).contiguous(), None
 
 
+def allow_cudnn_attention(allowed: bool) -> None:
+    """Whether torch's scaled-dot-product attention may use its cuDNN backend, for this process
+    (backend.cudnn_attention). A process-wide flag of torch's: every SDPA call after it (the trainer's, the
+    reference's, the reward model's) chooses among flash, memory-efficient and math only when it is off."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(allowed)
+
+
 def register_sdpa_gqa() -> str:
     """Register `sdpa_gqa` (attention and its mask function) with transformers; idempotent."""
     from transformers import AttentionInterface, AttentionMaskInterface

@@ -113,6 +113,7 @@ def setup(recipe: "Recipe", world, is_level: str, engine_name: str) -> TrainSess
 
         say(world, standins.banner(recipe))
     loaded, tokenizer, (train_prompts, val_prompts, data_report) = open_inputs(recipe)
+    models.allow_cudnn_attention(recipe.backend.cudnn_attention)
     say(world, f"loading the policy {recipe.policy.name_or_path} on {world.device.type}" + (" (a stand-in: random weights)" if recipe.rehearsal.enabled else ""))
     policy = models.load_policy(loaded.policy, dtype=torch.float32, device=world.device)
     cpu_attention = recipe.policy.attn_implementation is None and world.device.type == "cpu"

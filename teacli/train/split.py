@@ -277,6 +277,7 @@ def open_generator(recipe: "Recipe", world):
     policy, an hf engine on it); the train split is encoded and filtered as the trainers' is, so the data order agrees."""
     import torch
 
+    from teacli.models import allow_cudnn_attention
     from teacli.rewards import build_reward
     from teacli.train import backend
     from teacli.train.offpolicy import open_sampler
@@ -285,6 +286,7 @@ def open_generator(recipe: "Recipe", world):
     precision = backend.resolve_precision(recipe.backend.precision, world.device)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     loaded, tokenizer, (train_prompts, _, _) = open_inputs(recipe)
+    allow_cudnn_attention(recipe.backend.cudnn_attention)
     reward = build_reward(loaded.reward, device=world.device, tokenizer=tokenizer)
     model, rollout = open_sampler(recipe, loaded.policy, tokenizer, world.device, dtype, recipe.seed + world.rank, None)
     if recipe.rehearsal.enabled:

@@ -115,7 +115,7 @@ class JudgeServer:
         if scenario == "fail500" or (scenario == "fail500_once" and attempt == 1):
             return (500, {}, b'{"error": "internal"}', 0.0, False)
         if scenario == "slow" and attempt == 1:
-            return (*ok[:3], 1.5, False)
+            return (*ok[:3], 4.0, False)  # past the 2 s timeout of the test that uses it
         if scenario == "hangup" and attempt == 1:
             return (*ok[:3], 0.0, True)
         if scenario == "html" and attempt == 1:
@@ -197,7 +197,8 @@ def test_scenarios_mapping_retries_invalid_and_secrecy(tmp_path, server, caplog)
     caplog.set_level(logging.DEBUG)
     scenarios = ["normal"] * 6 + ["fenced", "prose", "ratelimited", "fail500_once", "slow", "malformed", "hangup", "html"]
     run_a, run_b, expected = make_pair(tmp_path, scenarios)
-    summary = J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url), api_key=KEY)
+    # 2 s: a reply of a loaded 2-core machine stays within it (0.5 s timed out ordinary replies there), the slow one not
+    summary = J.judge_runs(run_a, run_b, 4, split="core", config=fast_config(server.url, timeout_s=2.0), api_key=KEY)
 
     path = run_a / "judge" / "grpo-bo4.jsonl"
     assert summary.path == path

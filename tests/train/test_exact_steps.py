@@ -173,7 +173,9 @@ def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, shar
         assert len(seen) == k + 1 and backend.optimizer_steps(engine) == k + 1 == stats["optimizer_step"]
         got = seen[-1]
         for name, g in want.items():
-            torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=lambda msg: f"{name}: {msg}")
+            # atol 5e-6: fp32 sums in another order (3 forwards against one); with transformers 5.19 one embedding
+            # gradient element of ~4e-3 moved by 1.4e-6
+            torch.testing.assert_close(got[name], g, rtol=1e-4, atol=5e-6, msg=lambda msg: f"{name}: {msg}")
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want.values()]))
         assert stats["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
         assert stats["kl"] != 0.0 and stats["kl_loss"] > 0
