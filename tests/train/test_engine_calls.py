@@ -40,7 +40,8 @@ class Recorder:
         return attr
 
 def build(*args, **kwargs):
-    write({"call": "build", "max_sequences": kwargs.get("max_sequences")})
+    import torch
+    write({"call": "build", "max_sequences": kwargs.get("max_sequences"), "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled()})
     return Recorder(real(*args, **kwargs))
 
 factory.build_engine = build
@@ -91,3 +92,10 @@ def test_the_engine_is_told_the_largest_generation_call_validation_included(reco
     calls = [r["sequences"] for r in rows if r["call"] == "generate"]
     assert told == [4 * 8] and sorted(set(calls)) == [2 * 8, 4 * 8], rows  # the steps' calls and the validations'
     assert max(calls) <= told[0]
+
+
+def test_the_run_allows_no_cudnn_attention(recorded):
+    """backend.cudnn_attention (default false) reaches torch's switch before the engine and the models are built: the
+    trainer's, the reference's and the reward model's forwards never pick cuDNN (whose plans are built per new shape)."""
+    rows = [json.loads(line) for line in (recorded / "calls.jsonl").read_text().splitlines()]
+    assert [r["cudnn_sdp"] for r in rows if r["call"] == "build"] == [False]
