@@ -13,6 +13,8 @@
 prompt's cache, each padded to its own longest (`teacli.logprobs.shared_prompt_logprobs`' `splits`, cut by
 `teacli.padding.split_sizes`). More forwards compute fewer padding tokens but each has a fixed cost (its kernel
 launches, smaller matrix products); `auto` counts that cost as `teacli.padding.FORWARD_TOKENS` tokens a forward.
+`packed` runs them in one forward laid end to end in rows of the longest's width (`teacli.logprobs.Packing`), under
+a 4D attention mask: the padding of k forwards without their fixed costs, if the masked attention costs no more.
 This times the trainer's two uses of a micro-batch side by side on one model, for each k: the policy's forward and
 backward (train mode, the sum of the log-probs as the loss) and the reference's forward (no gradients).
 
@@ -55,7 +57,7 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="meta-llama/Llama-3.2-1B-Instruct", help="a model tea ships the shape of")
     ap.add_argument("--rows", type=int, default=32, help="completions in the micro-batch (one prompt's)")
-    ap.add_argument("--splits", default="1,2,3,4,6,8,auto", help="comma list of k (forwards) and auto")
+    ap.add_argument("--splits", default="1,2,3,4,6,8,auto,packed", help="comma list of k (forwards), auto and packed")
     ap.add_argument("--max-new", type=int, default=512, help="responses are cut at this many tokens")
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
@@ -170,9 +172,10 @@ def main() -> int:
     from teacli.train.batching import packed_micro_batches
 
     args = parse()
-    model, kind = build(args)
-    cuda = model.device.type == "cuda"
-    settings = [s if s == "auto" else int(s) for s in args.splits.split(",")]
+    settings = [s if s in ("auto", "packed") or not s.isdigit() else int(s) for s in args.splits.split(",")]
+    if any(isinstance(s, str) and s not in ("auto", "packed") or s == 0 for s in settings):
+        print(f"error: --splits: {args.splits!r} is not a comma list of k >= 1, auto and packed", file=sys.stderr)
+        return 2
     modes = args.lengths.split(",")
     if any(m not in ("fixed", "realistic") for m in modes):
         print(f"error: --lengths: {args.lengths!r} is not a comma list of fixed and realistic", file=sys.stderr)
@@ -181,6 +184,8 @@ def main() -> int:
     if any(o not in SDPA_ORDERS for o in orders):
         print(f"error: --sdpa: {args.sdpa!r} is not a comma list of {', '.join(SDPA_ORDERS)}", file=sys.stderr)
         return 2
+    model, kind = build(args)
+    cuda = model.device.type == "cuda"
     rows, fresh_seed = [], 1000
     for order, mode, setting in [(o, m, s) for o in orders for m in modes for s in settings]:
         seeds = list(range(args.draws))
@@ -194,7 +199,7 @@ def main() -> int:
             (_, batch, _, _), = packed_micro_batches(prompts, comps, torch.zeros(len(comps)), [idx], True, 0, model.device,
                                                      splits=setting)
             *inputs, splits, index = batch
-            forwards += len(splits)
+            forwards += 1 if setting == "packed" else len(splits)  # packed: one forward of the rows (a Packing)
             p, t = micro_padding([len(x) for x in prompts], [len(c) for c in comps], [0] * len(comps), [idx], True, setting)
             pad, tokens = pad + p, tokens + t
 
@@ -234,7 +239,7 @@ def main() -> int:
               f"{r['train_ms']:.1f} | {r['ref_ms']:.1f} | {1e3 * r['train_ms'] / r['tokens']:.2f} | "
               f"{1e3 * r['ref_ms'] / r['tokens']:.2f} |")
     for order, mode in [(o, m) for o in orders for m in modes]:
-        fit = [r for r in rows if r["sdpa"] == order and r["lengths"] == mode and r["splits"] != "auto"]
+        fit = [r for r in rows if r["sdpa"] == order and r["lengths"] == mode and r["splits"] not in ("auto", "packed")]
         if len({r["forwards"] for r in fit}) < 2:
             continue
         x = np.array([[r["tokens"], r["forwards"] * r["passes"]] for r in fit], dtype=float)

@@ -27,7 +27,7 @@ plain path: the model's own logits for the completion positions, one row at a ti
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -67,7 +67,8 @@ def token_logprobs(model, input_ids: "Tensor", attention_mask: "Tensor", n_promp
 
 def shared_prompt_logprobs(
     model, prompt_ids: "Tensor", prompt_mask: "Tensor", row_of: "Tensor", completion_ids: "Tensor", completion_mask: "Tensor",
-    *, fused: str = "auto", completion_index: "Tensor | None" = None, splits: "Sequence[tuple[int, int, Tensor | None]] | None" = None,
+    *, fused: str = "auto", completion_index: "Tensor | None" = None,
+    splits: "Sequence[tuple[int, int, Tensor | None]] | Packing | None" = None,
 ) -> "Tensor":
     """`token_logprobs` for sequences that share prompts, each prompt run through the model once.
 
@@ -84,7 +85,9 @@ def shared_prompt_logprobs(
     `splits`: the completions in consecutive runs of rows, each its own forward on the prompts' cache padded to its
     own width: (rows, width, `completion_index` of its mask [rows, width] or None) a run, in row order (rows sorted
     by length: `teacli.padding.split_sizes`, optim.completion_splits). The prompts still run once; a run's columns
-    past its width are 0 in the result. Default: one run of every row at T.
+    past its width are 0 in the result. Default: one run of every row at T. Or a `Packing` (`pack_completions`):
+    the completions run in one forward laid end to end in rows (`on_packed_prompt_cache`), where the model's attention
+    takes a 4D mask (`packing_problem`; elsewhere one run of every row).
 
     Gradient-checkpointed layers (policy.gradient_checkpointing) keep the cache here: both passes' caches are
     recompute-safe (`prompt_cache`, `prefix_cache`), so the layer's recomputation in backward reads what its
@@ -109,10 +112,22 @@ def shared_prompt_logprobs(
             model, decoder, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
             past_key_values=cache, use_cache=True,
         )[:, -1:]  # [U, 1, H]: predicts each prompt's first completion token
+        if isinstance(splits, Packing) and packing_problem(model) is None:
+            hidden = rows_of(last, row_of)
+            if width > 1:
+                packed = on_packed_prompt_cache(
+                    lambda **inputs: _hidden_states(model, decoder, **inputs), model, cache, prompt_mask, splits,
+                    completion_ids,
+                )
+                rest = rows_of(packed.reshape(-1, packed.shape[-1]), splits.gather)  # [B, T - 1, H]: unpacked
+                hidden = torch.cat([hidden, rest], dim=1)
+            return _completion_logprobs(head, hidden, completion_ids, completion_mask, fused, completion_index)
+        if isinstance(splits, Packing):  # the model cannot take the packed rows' mask: one forward of every row
+            splits = None
         for rows, cols, index in splits or ((len(row_of), width, completion_index),):
             run, first = slice(first, first + rows), first + rows
             ids, mask = completion_ids[run, :cols], completion_mask[run, :cols]
-            hidden = last[row_of[run]]
+            hidden = rows_of(last, row_of[run])
             if cols > 1:  # the last completion token predicts nothing: it is not run
                 rest = on_prompt_cache(
                     lambda **inputs: _hidden_states(model, decoder, **inputs), model, cache, prompt_mask, row_of[run],
@@ -122,6 +137,84 @@ def shared_prompt_logprobs(
             logp = _completion_logprobs(head, hidden, ids, mask, fused, index)
             outs.append(torch.nn.functional.pad(logp, (0, width - cols)) if cols < width else logp)
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+class Packing(NamedTuple):
+    """Where a shared micro-batch's completions sit when they run packed (`optim.completion_splits: packed`): every
+    completion but its last token (the last predicts nothing) laid end to end in R rows of width W = T − 1, a row
+    holding one prompt's completions only (`teacli.padding.packed_rows`). Built on the host by `pack_completions`."""
+
+    prompt: "Tensor"  # [R] each row's prompt (an index into the micro-batch's distinct prompts)
+    source: "Tensor"  # [R, W] the flat index into the completions' [B, T] of the token at each place (0 at padding)
+    segment: "Tensor"  # [R, W] the sequence b whose token sits there (−1 at padding)
+    offset: "Tensor"  # [R, W] that token's column in its completion (0 at padding)
+    gather: "Tensor"  # [B, W] the flat index into [R × W] of completion b's token t (0 past its end)
+
+    def to(self, device: Any) -> "Packing":
+        return Packing(*(t.to(device) for t in self))
+
+
+def pack_completions(lengths: "Sequence[int]", row_of: "Sequence[int]", width: int) -> Packing:
+    """The `Packing` of completions of these lengths (sequence b's prompt: row_of[b]) in a [B, width] batch: each
+    completion's first `length − 1` tokens laid in rows of width − 1 (CPU tensors)."""
+    import torch
+
+    from teacli.padding import packed_rows
+
+    w = max(0, width - 1)
+    spans = [max(0, n - 1) for n in lengths]
+    rows: list[list[int]] = []
+    for key in dict.fromkeys(row_of):
+        members = [b for b, k in enumerate(row_of) if k == key]
+        rows += [[members[i] for i in row] for row in packed_rows([spans[b] for b in members], w)]
+    prompt = torch.tensor([row_of[row[0]] for row in rows], dtype=torch.long)
+    source = torch.zeros((len(rows), w), dtype=torch.long)
+    segment = torch.full((len(rows), w), -1, dtype=torch.long)
+    offset = torch.zeros((len(rows), w), dtype=torch.long)
+    gather = torch.zeros((len(lengths), w), dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for b in row:
+            n, cols = spans[b], slice(start, start + spans[b])
+            source[r, cols] = b * width + torch.arange(n)
+            segment[r, cols] = b
+            offset[r, cols] = torch.arange(n)
+            gather[b, :n] = r * w + start + torch.arange(n)
+            start += n
+    return Packing(prompt, source, segment, offset, gather)
+
+
+def packing_problem(model) -> str | None:
+    """Why `model` cannot run packed completions (None: it can): their attention mask is a custom 4D mask, which
+    transformers passes as it is to the attention function, which `sdpa` and tea's `sdpa_gqa` take boolean and `eager`
+    additive (flash attention takes none, flex attention a block mask)."""
+    impl = getattr(base_model(model).config, "_attn_implementation", None)
+    return None if impl in ("sdpa", "sdpa_gqa", "eager") else f"its attention is {impl!r}, not sdpa or eager"
+
+
+def on_packed_prompt_cache(forward: Any, model, cache: Any, prompt_mask: "Tensor", packing: Packing,
+                           completion_ids: "Tensor") -> "Tensor":
+    """`on_prompt_cache` for completions packed by `packing`: what `forward` returns for the packed rows [R, W, ...].
+
+    Each row runs on its prompt's cache; a token attends to its prompt and, causally, to its own completion's tokens
+    (a 4D mask; a padding place attends to the padding before it, so no row of the mask is empty), at the positions
+    it has unpacked. The same states as unpacked, up to float rounding (`shared_prompt_logprobs` gathers them back)."""
+    import torch
+
+    ids = completion_ids.reshape(-1)[packing.source]
+    width = ids.shape[1]
+    causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
+    own = (packing.segment[:, :, None] == packing.segment[:, None, :]) & causal
+    prompt = prompt_mask[packing.prompt].bool()[:, None, :].expand(-1, width, -1)
+    mask = torch.cat([prompt, own], dim=-1)[:, None]  # [R, 1, W, Lp + W]: True attends
+    if getattr(base_model(model).config, "_attn_implementation", None) == "eager":  # eager adds its mask to the scores
+        dtype = base_model(model).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, torch.finfo(dtype).min)
+    start = prompt_mask.long().sum(-1)[packing.prompt][:, None]
+    return forward(
+        input_ids=ids, attention_mask=mask, position_ids=start + packing.offset,
+        past_key_values=prefix_cache(model, cache, packing.prompt), use_cache=True,
+    )
 
 
 def on_prompt_cache(
@@ -142,6 +235,15 @@ def on_prompt_cache(
         input_ids=ids, attention_mask=torch.cat([prompt_mask[row_of], mask], dim=1),
         position_ids=start + torch.arange(ids.shape[1], device=ids.device), past_key_values=shared, use_cache=True,
     )
+
+
+def rows_of(x: "Tensor", index: "Tensor") -> "Tensor":
+    """x[index] along the first dimension (index of any shape: the result is index.shape + x.shape[1:]), with a
+    deterministic backward. Where an index repeats (m sequences reading one prompt's keys), the backward of
+    `x[index]` (index_put_ with accumulate) sums the repeats in an order that changes from call to call on CPU (torch
+    2.13: 19 of 19 gradients differed in their last bits for one row read 16 times), which made CPU training runs
+    with shared prompts differ from step 2 on; `index_select`'s backward (index_add_) sums them in order."""
+    return x.index_select(0, index.reshape(-1)).reshape(*index.shape, *x.shape[1:])
 
 
 def completion_index(mask: "Tensor") -> "Tensor":
@@ -207,7 +309,7 @@ def prefix_cache(model, cache: Any, rows: "Tensor") -> Any:
         if type(layer) in (DynamicLayer, prompt_layer) and type(target) is DynamicLayer:
             into.layers[index] = prefix_layer(layer.keys, layer.values, rows)
         else:
-            target.update(layer.keys[rows], layer.values[rows])
+            target.update(rows_of(layer.keys, rows), rows_of(layer.values, rows))
     return into
 
 
@@ -243,8 +345,8 @@ def _cache_layers() -> tuple[Any, Any]:
             self.rows = rows  # [B]
 
         def update(self, key_states: "Tensor", value_states: "Tensor", *args: Any, **kwargs: Any) -> tuple["Tensor", "Tensor"]:
-            return (torch.cat([self.keys[self.rows], key_states], dim=-2),
-                    torch.cat([self.values[self.rows], value_states], dim=-2))
+            return (torch.cat([rows_of(self.keys, self.rows), key_states], dim=-2),
+                    torch.cat([rows_of(self.values, self.rows), value_states], dim=-2))
 
     _CACHE_LAYERS = (PromptLayer, PrefixLayer)
     return _CACHE_LAYERS
@@ -255,7 +357,7 @@ def cache_rows(cache, rows: "Tensor", into: Any) -> Any:
     cache `into` (`new_cache`, or a fresh StaticCache) and returned. Differentiable: autograd sums a
     repeated row's gradients."""
     for index, layer in enumerate(cache.layers):
-        into.update(layer.keys[rows], layer.values[rows], index)
+        into.update(rows_of(layer.keys, rows), rows_of(layer.values, rows), index)
     return into
 
 

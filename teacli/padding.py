@@ -104,6 +104,39 @@ def split_sizes(widths: Sequence[int], splits: int | str) -> list[int]:
     return sizes or [n]
 
 
+def packed_rows(widths: Sequence[int], cap: int | None = None) -> list[list[int]]:
+    """Rows that segments of these widths are laid end to end in, none wider than `cap` (default: the widest segment;
+    first-fit decreasing: the widest first, each into the first row with room for it, else a new row): each row's
+    segment indices in the order laid. A segment of no width goes in no row. `optim.completion_splits: packed`."""
+    cap = max(widths, default=0) if cap is None else cap
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(widths)), key=lambda i: -widths[i]):
+        w = widths[i]
+        if w <= 0:
+            continue
+        for r, left in enumerate(room):
+            if left >= w:
+                rows[r].append(i)
+                room[r] -= w
+                break
+        else:
+            rows.append([i])
+            room.append(cap - w)
+    return rows
+
+
+def packed_computed(completions: Sequence[int], prompt_keys: Sequence[object]) -> int:
+    """Tokens a shared micro-batch's completions compute packed (`optim.completion_splits: packed`): each completion's
+    first token is predicted from its prompt's last state (one a completion), its other tokens run laid end to end in
+    rows of the longest's width, a row holding one prompt's completions only (`packed_rows` per prompt)."""
+    segments = [max(0, c - 1) for c in completions]
+    width = max(segments, default=0)
+    rows = sum(len(packed_rows([s for s, k in zip(segments, prompt_keys) if k == key], width))
+               for key in dict.fromkeys(prompt_keys))
+    return len(completions) + rows * width
+
+
 def micro_sizes(widths: Sequence[int], count: int) -> list[int]:
     """Sizes of the trainer's `count` micro-batches of whole sequences sorted by width (teacli/train/batching.py): the
     cut that computes the fewest tokens with none computing more than the largest batch of the even cut, or the even
@@ -114,7 +147,8 @@ def micro_sizes(widths: Sequence[int], count: int) -> list[int]:
     return least_padding(widths, count, max(computed(widths, even))) or even
 
 
-def micro_batches(lengths: Sequence[int], n: int, groups: Sequence[int] | None = None) -> list[list[int]]:
+def micro_batches(lengths: Sequence[int], n: int, groups: Sequence[int] | None = None, deal: bool = False
+                  ) -> list[list[int]]:
     """The trainer's exactly `n` micro-batches of sequence indices (teacli/train/update.py), sorted by length (by group,
     then length, when `groups` is given: the sequences of a prompt stay together, `optim.share_prompts`), then cut
     into consecutive micro-batches.
@@ -124,15 +158,40 @@ def micro_batches(lengths: Sequence[int], n: int, groups: Sequence[int] | None =
     sizes that differ by at most one (the shorter sequences get the larger batches). With fewer sequences than `n`,
     the last ones are empty. Exactly `n` backward passes make the last one DeepSpeed's gradient-accumulation boundary
     by construction, whatever the number of sequences; how the sequences are cut changes only the order of the
-    gradient's terms.
+    gradient's terms. `deal` (with groups; `optim.completion_splits: packed`): the same sizes and groups, but each
+    group's sequences dealt across its micro-batches (`_dealt`), so that packed rows can pair short with long.
     """
     key = (lambda i: lengths[i]) if groups is None else (lambda i: (groups[i], lengths[i]))
     order = sorted(range(len(lengths)), key=key)
     sizes = even_sizes(len(order), n) if groups is not None else micro_sizes([lengths[i] for i in order], n)
+    if deal and groups is not None:
+        order = _dealt(order, groups, sizes)
     out, start = [], 0
     for size in sizes:
         out.append(order[start : start + size])
         start += size
+    return out
+
+
+def _dealt(order: list[int], groups: Sequence[int], sizes: Sequence[int]) -> list[int]:
+    """`order` (sorted by group, then length) with each group's sequences dealt across the micro-batches its places
+    fall in, in proportion: every micro-batch gets short and long ones alike, not a run of the shortest or the
+    longest (`micro_batches`' `deal`). A place is keyed by where it sits in its micro-batch ((rank + ½) / size); the
+    group's sequences, shortest first, fill its places in the order of that key."""
+    batch_of, rank = [], []
+    for b, size in enumerate(sizes):
+        batch_of += [b] * size
+        rank += [(r + 0.5) / size for r in range(size)]
+    out = list(order)
+    start = 0
+    while start < len(order):
+        end = start
+        while end < len(order) and groups[order[end]] == groups[order[start]]:
+            end += 1
+        places = sorted(range(start, end), key=lambda k: (rank[k], batch_of[k]))
+        for place, seq in zip(places, order[start:end]):
+            out[place] = seq
+        start = end
     return out
 
 
@@ -142,7 +201,7 @@ def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_key
     these lengths: a batch of whole sequences (left-padded) computes its rows × its longest sequence; a shared one
     (`optim.share_prompts`) its distinct prompts (by `prompt_keys`) × the longest of them plus, for each of the
     forwards `split_sizes(…, splits)` cuts its completions into (sorted by length), its rows × its longest
-    completion (each at least one column, as they pad). An empty micro-batch's zero-weight pass over the first
+    completion (each at least one column, as they pad), or packed (`splits` "packed") what `packed_computed` says. An empty micro-batch's zero-weight pass over the first
     batch's first sequence is computed too."""
     pad = total = 0
     for idx in batches:
@@ -150,8 +209,12 @@ def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_key
         comps = [completions[i] for i in idx]
         if shared:
             firsts = list({prompt_keys[i]: prompts[i] for i in idx}.values())
-            comps.sort()
-            batch = len(firsts) * max(1, *firsts) + sum(computed([max(1, c) for c in comps], split_sizes(comps, splits)))
+            if splits == "packed":
+                work = packed_computed(comps, [prompt_keys[i] for i in idx])
+            else:
+                comps.sort()
+                work = sum(computed([max(1, c) for c in comps], split_sizes(comps, splits)))
+            batch = len(firsts) * max(1, *firsts) + work
             real = sum(firsts) + sum(comps)
         else:
             totals = [prompts[i] + n for i, n in zip(idx, comps)]

@@ -320,7 +320,8 @@ def _train_padding(prompts: list[int], responses: list[int], group: int, micro: 
     counts them (`teacli.padding.micro_batches`, `micro_padding`). prompts[P], responses[P × group] prompt-major."""
     groups = [i // group for i in range(len(responses))]
     seq_prompts = [prompts[g] for g in groups]
-    batches = micro_batches([p + x for p, x in zip(seq_prompts, responses)], micro, groups if shared else None)
+    batches = micro_batches([p + x for p, x in zip(seq_prompts, responses)], micro, groups if shared else None,
+                            deal=splits == "packed")
     return micro_padding(seq_prompts, responses, groups, batches, shared, splits)
 
 

@@ -370,3 +370,85 @@ def test_completions_in_split_forwards_equal_whole_sequences(tok, layers):
     assert_shared_equals_whole(split, g_split, whole, g_whole, cmask)
     assert count.forward == 3 * (3 * 8 + 2 * 3 + 3 * 5)
     assert count.backward == layers * 3  # each checkpointed layer recomputed for the prompts and the two runs it ran
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "sdpa_gqa", "eager"])
+@pytest.mark.parametrize("layers", [0, 3])
+def test_packed_completions_equal_whole_sequences(tok, attention, layers):
+    """optim.completion_splits: packed. shared_batch's completions (prompts 0, 1, 0, 2, 1, 1; 4, 6, 1, 5, 3 and 6
+    tokens) run their first length − 1 tokens (3, 5, 0, 4, 2, 5) laid end to end in rows of width 5, a prompt's to a
+    row, first-fit decreasing: prompt 0's [0] (the 1-token completion runs nothing), prompt 1's [1], [5], [4] (5 + 2
+    > 5), prompt 2's [3]: 5 rows × 5 columns against 6 × 5 unpacked. Log-probs and parameter gradients equal the whole
+    sequences' (float32), with no layer checkpointed and all 3, and under each attention that takes the 4D mask."""
+    from teacli.logprobs import Packing, shared_prompt_logprobs
+    from teacli.models import attention_implementation, set_gradient_checkpointing
+    from teacli.train.batching import pack, packed_micro_batches
+
+    prompts, completions = shared_batch()
+    input_ids, attn, cmask, lp = pack(prompts, completions, tok.pad_token_id, "cpu")
+    (_, batch, _, _), = packed_micro_batches(prompts, completions, torch.zeros(6), [list(range(6))], True,
+                                             tok.pad_token_id, "cpu", splits="packed")
+    *inputs, packing, index = batch
+    assert isinstance(packing, Packing) and tuple(packing.segment.shape) == (5, 5)
+    # the order packed_micro_batches sorts a micro-batch in: by completion length, stably (2, 4, 0, 3, 1, 5)
+    order = [2, 4, 0, 3, 1, 5]
+    lengths = [len(completions[i]) - 1 for i in order]
+    for b, n in enumerate(lengths):  # every token of a completion but its last sits once, in order, in one row
+        where = (packing.segment == b).nonzero()
+        assert len(where) == n and (n == 0 or len(set(where[:, 0].tolist())) == 1)
+        assert packing.offset[packing.segment == b].tolist() == list(range(n))
+    row_of = inputs[2]
+    assert packing.prompt.tolist() == row_of[packing.segment[:, 0]].tolist()  # a row is its first completion's prompt's
+    assert sorted(packing.prompt.tolist()) == [0, 1, 1, 1, 2]
+    weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(6))
+    model = make_causal_lm(tok, num_hidden_layers=3).float().train()
+    set_gradient_checkpointing(model, layers)
+    results = []
+    with attention_implementation(model, attention):
+        for forward, weight in ((lambda: token_logprobs(model, input_ids, attn, lp), weights),
+                                (lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=packing),
+                                 weights[order])):
+            model.zero_grad(set_to_none=True)
+            count = TokenCount(model)
+            value = forward()
+            count.in_backward = True
+            (value * weight).sum().backward()
+            count.remove()
+            results.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, count))
+    (whole, g_whole, _), (packed, g_packed, count) = results
+    # packed_micro_batches ordered the micro-batch by completion length: back to shared_batch's order to compare
+    unsorted = torch.empty_like(packed)
+    unsorted[torch.tensor(order)] = packed
+    assert_shared_equals_whole(unsorted, g_packed, whole, g_whole, cmask)
+    assert count.forward == 3 * (3 * 8 + 5 * 5)  # the 3 prompts (8 columns), then 5 packed rows of 5, every layer
+    assert count.backward == layers * 2
+
+
+
+def test_shared_prompt_gradients_are_the_same_on_every_call():
+    """One prompt read by 16 completions: the prompt's keys and values are indexed 16 times. Indexed as x[rows], the
+    backward (index_put_ with accumulate) summed the repeats in a changing order on CPU, so every call's gradients
+    differed in their last bits (all parameters, each of 3 calls) and CPU training with shared prompts diverged from
+    step 2 on (README's quickstart scores changed from run to run). `rows_of` (index_select) sums them in order."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from teacli.logprobs import shared_prompt_logprobs
+    from teacli.train.batching import pack_shared
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=576, intermediate_size=64, num_hidden_layers=1, num_attention_heads=9,
+                         num_key_value_heads=3, max_position_embeddings=256)
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config).float().train()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, 256, (70,), generator=g).tolist()] * 16
+    completions = [torch.randint(5, 256, (n,), generator=g).tolist() for n in range(20, 36)]
+    batch = pack_shared(prompts, completions, 0, "cpu")
+    weights = torch.linspace(-1, 1, 35)
+    grads = []
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        (shared_prompt_logprobs(model, *batch) * weights).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for again in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(grads[0], again))

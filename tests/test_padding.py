@@ -7,7 +7,10 @@ import sys
 
 sys.modules["vllm"] = sys.modules["deepspeed"] = None  # a leaf: it must import neither
 
-from teacli.padding import FORWARD_TOKENS, computed, even_sizes, least_padding, micro_padding, split_sizes  # noqa: E402
+from teacli.padding import (  # noqa: E402
+    FORWARD_TOKENS, computed, even_sizes, least_padding, micro_batches, micro_padding, packed_computed, packed_rows,
+    split_sizes,
+)
 
 
 def test_even_sizes_put_the_extra_rows_first():
@@ -78,3 +81,59 @@ def test_shared_micro_padding_counts_each_forward():
     assert micro_padding(prompts, comps, keys, [[0, 1, 2]], True, 2) == (0, 9)
     assert micro_padding(prompts, comps, keys, [[0, 1, 2]], True, 1) == micro_padding(prompts, comps, keys, [[0, 1, 2]], True)
 
+
+def test_packed_rows_first_fit_decreasing_and_what_they_compute():
+    """optim.completion_splits: packed, counted by hand."""
+    assert packed_rows([3, 5, 0, 4, 2, 5]) == [[1], [5], [3], [0, 4]]  # 5, 5, 4, then 3 + 2 = 5; the 0 nowhere
+    assert packed_rows([]) == [] and packed_rows([0, 0]) == []
+    assert packed_rows([1, 1, 1, 1]) == [[0], [1], [2], [3]]  # rows are as wide as the widest: 1
+    assert packed_rows([1, 1, 1, 1], 3) == [[0, 1, 2], [3]]
+    assert packed_rows([4, 1, 1, 1, 1, 2, 2]) == [[0], [5, 6], [1, 2, 3, 4]]
+    # one prompt, completions 5, 2, 2, 3 → segments 4, 1, 1, 2 → rows [4], [2, 1, 1] of width 4: 4 firsts + 2 × 4
+    assert packed_computed([5, 2, 2, 3], ["a"] * 4) == 4 + 2 * 4
+    # two prompts: a row holds one prompt's segments only, rows of the micro-batch's width: a's [4], [1]; b's [2, 1]
+    assert packed_computed([5, 2, 2, 3], ["a", "a", "b", "b"]) == 4 + 3 * 4
+    # micro_padding: prompts of 6 tokens shared; unpacked 4 × 5 = 20 completion tokens, packed 12; 12 real
+    for splits, computed in ((1, 6 + 20), ("packed", 6 + 12)):
+        pad, total = micro_padding([6] * 4, [5, 2, 2, 3], ["a"] * 4, [[0, 1, 2, 3]], True, splits)
+        assert (pad, total) == (computed - 6 - 12, computed)
+
+
+def test_dealt_micro_batches_mix_short_and_long():
+    """micro_batches' deal (optim.completion_splits: packed): the even cut's sizes and each micro-batch's groups as
+    without it, each group's sequences dealt across its micro-batches. Lengths by index: group 0 has 5, 1, 4, 2, 3, 6;
+    group 1 has 7, 8, 9, 1. Sorted, sizes 4, 3, 3: places 0-3, 4-6, 7-9. Group 0 fills places 0-5: batch 0's at
+    (rank + ½)/4 = .125, .375, .625, .875, batch 1's places 4 and 5 at .167, .5; in that key order they take the
+    sequences of lengths 1, 2, 3, 4, 5, 6: batch 0 gets 1, 3, 5, 6 (indices 1, 4, 0, 5), batch 1 2 and 4 (3, 2).
+    Group 1 fills place 6 (batch 1, .833) and places 7-9 (batch 2: .167, .5, .833); by key, place 7 takes length 1,
+    place 8 7, place 6 8 (a tie goes to the lower batch), place 9 9."""
+    lengths, groups = [5, 1, 4, 2, 3, 6, 7, 8, 9, 1], [0] * 6 + [1] * 4
+    plain = micro_batches(lengths, 3, groups)
+    assert plain == [[1, 3, 4, 2], [0, 5, 9], [6, 7, 8]]
+    dealt = micro_batches(lengths, 3, groups, deal=True)
+    assert dealt == [[1, 4, 0, 5], [3, 2, 7], [9, 6, 8]]
+    assert [len(b) for b in dealt] == [len(b) for b in plain]
+    assert [sorted({groups[i] for i in b}) for b in dealt] == [sorted({groups[i] for i in b}) for b in plain]
+    assert micro_batches(lengths, 3, None, deal=True) == micro_batches(lengths, 3)  # whole sequences: no groups to deal
+
+
+def test_packed_pads_less_than_one_forward_at_the_paper_lengths():
+    """The 1B recipe's step at rehearsal.lengths: realistic (8 prompts × 64, 16 micro-batches of 32, the planner's
+    drawn lengths): packed, with each group dealt across its two micro-batches, computes fewer tokens than one padded
+    forward or than packing the sorted halves (a half of the longest pairs badly in rows of the longest's width)."""
+    from teacli.planner import Lengths
+
+    one = packed_sorted = packed_dealt = 0
+    for seed in range(4):
+        p, r = Lengths().draw(8, 64, seed, 1024, 512)
+        groups = [i // 64 for i in range(len(r))]
+        prompts = [p[g] for g in groups]
+        total = [a + b for a, b in zip(prompts, r)]
+        sorted_cut, dealt_cut = micro_batches(total, 16, groups), micro_batches(total, 16, groups, deal=True)
+        one += micro_padding(prompts, r, groups, sorted_cut, True)[1]
+        packed_sorted += micro_padding(prompts, r, groups, sorted_cut, True, "packed")[1]
+        pad, computed_tokens = micro_padding(prompts, r, groups, dealt_cut, True, "packed")
+        packed_dealt += computed_tokens
+        real = computed_tokens - pad
+        assert real == sum(r) + 2 * sum(p)  # every completion token once, each prompt once in each of its 2 micro-batches
+    assert packed_dealt < packed_sorted < one

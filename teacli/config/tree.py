@@ -385,13 +385,15 @@ class OptimConfig:
         True, "Run each distinct prompt of a micro-batch through the model once and its m completions on its KV cache "
         "(same log-probs and gradients, the prompt's work done once instead of m times), gradient-checkpointed layers or not.",
     )
-    completion_splits: int | Literal["auto"] = field(
+    completion_splits: int | Literal["auto", "packed"] = field(
         1, "With shared prompts: the forwards a micro-batch's completions run in on their prompt's cache, sorted by "
         "length and each padded to its own longest, so that short ones do not pad to the longest (same log-probs and "
         "gradients). An integer k = k forwards cut where they pad least (1 = one forward, every completion padded to the "
         "micro-batch's longest); auto = the number that computes the fewest tokens counting 6,000 tokens a forward for its "
-        "fixed cost (teacli/padding.py FORWARD_TOKENS, measured for the 1B policy on an H200). 1 by default: on that card "
-        "a forward's fixed cost outweighed the padding it saved (docs/performance.md).",
+        "fixed cost (teacli/padding.py FORWARD_TOKENS, measured for the 1B policy on an H200); packed = one forward with "
+        "the completions laid end to end in rows of the longest's width (first-fit decreasing, one prompt's a row) under "
+        "a 4D attention mask, for sdpa and eager attention (elsewhere 1). 1 by default: on that card a forward's fixed "
+        "cost outweighed the padding it saved; packed is not yet timed on a GPU (docs/performance.md).",
         ge=1,
     )
     micro_batch_size: int = field(8, "Sequences per forward/backward: a rank's P*m/W sequences are sorted by length into ceil(P*m/W / this) micro-batches, one optimizer update per step; with shared prompts split evenly (at most this many each), otherwise cut where they pad least, none holding more tokens than the largest even micro-batch (so one of short sequences may hold more).", ge=1)

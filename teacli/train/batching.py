@@ -124,14 +124,15 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     Shared, a micro-batch's completions run in the forwards `teacli.padding.split_sizes(…, splits)` cuts
     (optim.completion_splits; its sequences ordered by completion length where there may be more than one): the batch
     holds, before its completion positions, the (rows, width, completion positions) of each, for
-    `logprobs.shared_prompt_logprobs`' `splits`.
+    `logprobs.shared_prompt_logprobs`' `splits`; with `splits` "packed", the `logprobs.Packing` of its completions
+    (one forward, laid end to end in rows) instead.
 
     Everything moves to the device before the first forward. A copy from the host's pageable memory waits for
     the device to finish its queue, and so does reading a value back: once a micro-batch, that left the GPU idle
     while the host built and launched the next one (the 1B paper recipe's training was host-bound at 8 sequences a
     micro-batch: results/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
     micro-batches) is a zero-weight pass over the first one's first sequence: the count stays the engine's."""
-    from teacli.logprobs import completion_index
+    from teacli.logprobs import completion_index, pack_completions
     from teacli.padding import split_sizes
     from teacli.train.importance import pack_rollout_logprobs
 
@@ -144,7 +145,9 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
         batch = (pack_shared if shared else pack_tight)([seq_prompt[i] for i in idx], [seq_comp[i] for i in idx], pad_id, "cpu")
         cmask = batch[-1] if shared else batch[2]
         index = completion_index(cmask).to(device)
-        if shared:
+        if shared and splits == "packed":
+            batch = (*batch, pack_completions([len(seq_comp[i]) for i in idx], batch[2].tolist(), cmask.shape[1]))
+        elif shared:
             runs, first = [], 0
             for rows in split_sizes([len(seq_comp[i]) for i in idx], splits):
                 cols = max(1, *(len(seq_comp[i]) for i in idx[first : first + rows]))

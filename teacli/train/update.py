@@ -118,8 +118,9 @@ def train_step(engine, reference, recipe, prompt_ids, groups, advantages, pad_id
     n_micro = engine.gradient_accumulation_steps()
     shared = shares_prompts(recipe, engine, reference)
     seq_group = [p for p, g in enumerate(groups) for _ in g]
-    batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro, seq_group if shared else None)
     splits = recipe.optim.completion_splits
+    batches = micro_batches([len(p) + len(c) for p, c in zip(seq_prompt, seq_comp)], n_micro, seq_group if shared else None,
+                            deal=splits == "packed")
     packed = packed_micro_batches(seq_prompt, seq_comp, seq_adv, batches, shared, pad_id, device,
                                   seq_rollout_logp if is_level != "off" else None, splits)
     stats: dict = {}

@@ -108,11 +108,12 @@ def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
     """optim.completion_splits on CUDA (sdpa, liger's fused head where installed, 2 of 4 layers checkpointed): the
     micro-batch's completions sorted by length in 4 forwards on the prompts' cache give the log-probs and gradients
     of one forward, tightly in float32 (TF32 off); in bf16 no further from the whole sequences than one forward is.
-    The split run computes fewer tokens, so it holds no more at its peak."""
+    The split run computes fewer tokens, so it holds no more at its peak. The same for them packed (one forward of
+    rows under a 4D mask: the memory-efficient SDPA kernel with a mask on CUDA)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from teacli.logprobs import shared_prompt_logprobs, token_logprobs
+    from teacli.logprobs import Packing, shared_prompt_logprobs, token_logprobs
     from teacli.models import set_gradient_checkpointing
     from teacli.train.batching import pack, packed_micro_batches
 
@@ -147,7 +148,7 @@ def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
     def shared(splits):
         (_, batch, _, _), = packed_micro_batches(seq_prompt, seq_comp, torch.zeros(len(rows)), [rows], True, 0, cuda, splits=splits)
         *inputs, runs, index = batch
-        assert len(runs) == splits
+        assert isinstance(runs, Packing) if splits == "packed" else len(runs) == splits
         return lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=runs)
 
     whole = run(lambda: token_logprobs(model, input_ids, attn, n_prompt))
@@ -164,3 +165,12 @@ def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
     else:
         assert lp_split <= 2 * lp_one + 1e-2 and g_split <= 2 * g_one + 1e-2
     assert split[2] <= one[2]
+    # packed (optim.completion_splits: packed): one forward of the completions laid end to end under a 4D mask
+    packed = run(shared("packed"))
+    lp_packed, g_packed = float((packed[0] - whole[0])[valid].abs().max()), _rel(packed[1], whole[1])
+    print(f"{dtype} packed: log-prob max |diff| {lp_packed:.3g}, gradients {g_packed:.3g}, peak MiB {packed[2] / 2**20:.0f}")
+    assert (packed[0][~valid] == 0).all() and packed[0].isfinite().all()
+    if dtype == "float32":
+        assert float((packed[0] - one[0]).abs().max()) < 1e-4 and _rel(packed[1], one[1]) < 1e-4
+    else:
+        assert lp_packed <= 2 * lp_one + 1e-2 and g_packed <= 2 * g_one + 1e-2

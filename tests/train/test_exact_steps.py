@@ -137,13 +137,14 @@ def build(world, zero_stage: int, max_grad_norm: float, micro: int, nominal_seqs
 
 
 @pytest.mark.parametrize("share_prompts, checkpointed, splits", [(True, 0, 1), (False, 0, 1), (True, 2, 1), (True, 1, 1), (False, 2, 1),
-                                                                 (True, 0, 3), (True, 1, 2)])
+                                                                 (True, 0, 3), (True, 1, 2), (True, 0, "packed"),
+                                                                 (True, 2, "packed")])
 def test_step_gradient_equals_the_full_batch_gradient_and_steps_once(world, share_prompts, checkpointed, splits, monkeypatch):
     """Whatever the sequence count (fewer than, equal to, or more than nominal), one update with the full-batch gradient;
     with each prompt run once per micro-batch (optim.share_prompts) or whole with each sequence; with every layer of
     the policy (2 of 2: policy.gradient_checkpointing: true) or the first gradient-checkpointed, or none (issue 45:
-    checkpointing kept sharing off before); a shared micro-batch's completions in one forward or in up to 2 or 3
-    (optim.completion_splits)."""
+    checkpointing kept sharing off before); a shared micro-batch's completions in one forward or in up to 2 or 3,
+    or packed end to end in rows (optim.completion_splits)."""
     import torch
 
     import teacli.logprobs

@@ -139,7 +139,9 @@ def test_one_step_off_split_trains_one_version_behind_and_a_kill_resumes_exactly
     tea_train(rec, reference, tmp_path, 2)
     ref = metrics(reference)
     assert [r["weights_version"] for r in ref] == [0, 0, 1, 2, 3] and [r["staleness"] for r in ref] == [0, 1, 1, 1, 1]
-    assert ref[0]["is_ratio_min"] == pytest.approx(1, abs=1e-6) and ref[0]["is_ratio_max"] == pytest.approx(1, abs=1e-6)
+    # the first batch's ratios are 1 up to float32 rounding of two log-prob computations (the generator's and the
+    # trainer's, in different processes): 1.2e-6 under transformers 5.19, so 1e-5 as in the colocated test below
+    assert ref[0]["is_ratio_min"] == pytest.approx(1, abs=1e-5) and ref[0]["is_ratio_max"] == pytest.approx(1, abs=1e-5)
     assert max(abs(r["is_ratio_max"] - 1) for r in ref[1:]) > 1e-4  # the weights moved between sampling and training
     assert all(r["time_wait_weights"] >= 0 and r["time_behaviour"] > 0 for r in ref)
     assert (reference / "checkpoints" / "step_000002" / "pending_split.pt").is_file()
