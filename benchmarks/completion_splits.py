@@ -172,8 +172,8 @@ def main() -> int:
     from teacli.train.batching import packed_micro_batches
 
     args = parse()
-    settings = [s if s in ("auto", "packed") or not s.isdigit() else int(s) for s in args.splits.split(",")]
-    if any(isinstance(s, str) and s not in ("auto", "packed") or s == 0 for s in settings):
+    settings = [int(s) if s.isdigit() else s for s in args.splits.split(",")]
+    if any(s not in ("auto", "packed") if isinstance(s, str) else s < 1 for s in settings):
         print(f"error: --splits: {args.splits!r} is not a comma list of k >= 1, auto and packed", file=sys.stderr)
         return 2
     modes = args.lengths.split(",")

@@ -156,17 +156,15 @@ class Packing(NamedTuple):
 
 def pack_completions(lengths: "Sequence[int]", row_of: "Sequence[int]", width: int) -> Packing:
     """The `Packing` of completions of these lengths (sequence b's prompt: row_of[b]) in a [B, width] batch: each
-    completion's first `length − 1` tokens laid in rows of width − 1 (CPU tensors)."""
+    completion's first `length − 1` tokens laid in rows of width − 1 as `teacli.padding.packed_layout` lays them (CPU
+    tensors)."""
     import torch
 
-    from teacli.padding import packed_rows
+    from teacli.padding import packed_layout
 
+    rows, _ = packed_layout(lengths, row_of)  # no row is wider than the longest completion less its last token
     w = max(0, width - 1)
     spans = [max(0, n - 1) for n in lengths]
-    rows: list[list[int]] = []
-    for key in dict.fromkeys(row_of):
-        members = [b for b, k in enumerate(row_of) if k == key]
-        rows += [[members[i] for i in row] for row in packed_rows([spans[b] for b in members], w)]
     prompt = torch.tensor([row_of[row[0]] for row in rows], dtype=torch.long)
     source = torch.zeros((len(rows), w), dtype=torch.long)
     segment = torch.full((len(rows), w), -1, dtype=torch.long)

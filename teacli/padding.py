@@ -126,15 +126,26 @@ def packed_rows(widths: Sequence[int], cap: int | None = None) -> list[list[int]
     return rows
 
 
-def packed_computed(completions: Sequence[int], prompt_keys: Sequence[object]) -> int:
-    """Tokens a shared micro-batch's completions compute packed (`optim.completion_splits: packed`): each completion's
-    first token is predicted from its prompt's last state (one a completion), its other tokens run laid end to end in
-    rows of the longest's width, a row holding one prompt's completions only (`packed_rows` per prompt)."""
+def packed_layout(completions: Sequence[int], prompt_keys: Sequence[object]) -> tuple[list[list[int]], int]:
+    """How a shared micro-batch's completions of these lengths run packed (`optim.completion_splits: packed`): each
+    completion's first token is predicted from its prompt's last state, its other tokens (all but the last, which
+    predicts nothing) are laid end to end in rows of the longest's width, a row holding one prompt's completions only
+    (`packed_rows` per prompt). Returns (each row's completion indices, the width). What `teacli.logprobs`'
+    `pack_completions` lays out and `packed_computed` counts."""
     segments = [max(0, c - 1) for c in completions]
     width = max(segments, default=0)
-    rows = sum(len(packed_rows([s for s, k in zip(segments, prompt_keys) if k == key], width))
-               for key in dict.fromkeys(prompt_keys))
-    return len(completions) + rows * width
+    rows: list[list[int]] = []
+    for key in dict.fromkeys(prompt_keys):
+        members = [b for b, k in enumerate(prompt_keys) if k == key]
+        rows += [[members[i] for i in row] for row in packed_rows([segments[b] for b in members], width)]
+    return rows, width
+
+
+def packed_computed(completions: Sequence[int], prompt_keys: Sequence[object]) -> int:
+    """Tokens a shared micro-batch's completions compute packed (`packed_layout`): one a completion for its first
+    token (its prompt's last state) and the rows × their width."""
+    rows, width = packed_layout(completions, prompt_keys)
+    return len(completions) + len(rows) * width
 
 
 def micro_sizes(widths: Sequence[int], count: int) -> list[int]:
@@ -201,8 +212,8 @@ def micro_padding(prompts: Sequence[int], completions: Sequence[int], prompt_key
     these lengths: a batch of whole sequences (left-padded) computes its rows × its longest sequence; a shared one
     (`optim.share_prompts`) its distinct prompts (by `prompt_keys`) × the longest of them plus, for each of the
     forwards `split_sizes(…, splits)` cuts its completions into (sorted by length), its rows × its longest
-    completion (each at least one column, as they pad), or packed (`splits` "packed") what `packed_computed` says. An empty micro-batch's zero-weight pass over the first
-    batch's first sequence is computed too."""
+    completion (each at least one column, as they pad), or packed (`splits` "packed") what `packed_computed` says.
+    An empty micro-batch's zero-weight pass over the first batch's first sequence is computed too."""
     pad = total = 0
     for idx in batches:
         idx = idx or batches[0][:1]

@@ -198,6 +198,17 @@ class TokenCount:
             handle.remove()
 
 
+def counted_backward(model, forward, weights):
+    """forward()'s log-probs, the parameter gradients of their weighted sum, and the `TokenCount` of both passes."""
+    model.zero_grad(set_to_none=True)
+    count = TokenCount(model)
+    value = forward()
+    count.in_backward = True
+    (value * weights).sum().backward()
+    count.remove()
+    return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, count
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("layers", [3, 1])
 def test_shared_prompts_with_checkpointed_layers_equal_concatenated_sequences(tok, layers, attention):
@@ -356,17 +367,9 @@ def test_completions_in_split_forwards_equal_whole_sequences(tok, layers):
     weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(6))
     model = make_causal_lm(tok, num_hidden_layers=3).float().train()
     set_gradient_checkpointing(model, layers)
-    results = []
-    for forward in (lambda: token_logprobs(model, input_ids, attn, lp),
-                    lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=splits)):
-        model.zero_grad(set_to_none=True)
-        count = TokenCount(model)
-        value = forward()
-        count.in_backward = True
-        (value * weights).sum().backward()
-        count.remove()
-        results.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, count))
-    (whole, g_whole, _), (split, g_split, count) = results
+    whole, g_whole, _ = counted_backward(model, lambda: token_logprobs(model, input_ids, attn, lp), weights)
+    split, g_split, count = counted_backward(
+        model, lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=splits), weights)
     assert_shared_equals_whole(split, g_split, whole, g_whole, cmask)
     assert count.forward == 3 * (3 * 8 + 2 * 3 + 3 * 5)
     assert count.backward == layers * 3  # each checkpointed layer recomputed for the prompts and the two runs it ran
@@ -403,26 +406,16 @@ def test_packed_completions_equal_whole_sequences(tok, attention, layers):
     weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(6))
     model = make_causal_lm(tok, num_hidden_layers=3).float().train()
     set_gradient_checkpointing(model, layers)
-    results = []
     with attention_implementation(model, attention):
-        for forward, weight in ((lambda: token_logprobs(model, input_ids, attn, lp), weights),
-                                (lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=packing),
-                                 weights[order])):
-            model.zero_grad(set_to_none=True)
-            count = TokenCount(model)
-            value = forward()
-            count.in_backward = True
-            (value * weight).sum().backward()
-            count.remove()
-            results.append((value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, count))
-    (whole, g_whole, _), (packed, g_packed, count) = results
+        whole, g_whole, _ = counted_backward(model, lambda: token_logprobs(model, input_ids, attn, lp), weights)
+        packed, g_packed, count = counted_backward(
+            model, lambda: shared_prompt_logprobs(model, *inputs, completion_index=index, splits=packing), weights[order])
     # packed_micro_batches ordered the micro-batch by completion length: back to shared_batch's order to compare
     unsorted = torch.empty_like(packed)
     unsorted[torch.tensor(order)] = packed
     assert_shared_equals_whole(unsorted, g_packed, whole, g_whole, cmask)
     assert count.forward == 3 * (3 * 8 + 5 * 5)  # the 3 prompts (8 columns), then 5 packed rows of 5, every layer
     assert count.backward == layers * 2
-
 
 
 def test_shared_prompt_gradients_are_the_same_on_every_call():
