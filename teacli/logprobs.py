@@ -85,9 +85,10 @@ def shared_prompt_logprobs(
     `splits`: the completions in consecutive runs of rows, each its own forward on the prompts' cache padded to its
     own width: (rows, width, `completion_index` of its mask [rows, width] or None) a run, in row order (rows sorted
     by length: `teacli.padding.split_sizes`, optim.completion_splits). The prompts still run once; a run's columns
-    past its width are 0 in the result. Default: one run of every row at T. Or a `Packing` (`pack_completions`):
-    the completions run in one forward laid end to end in rows (`on_packed_prompt_cache`), where the model's attention
-    takes a 4D mask (`packing_problem`; elsewhere one run of every row).
+    past its width are 0 in the result. Default: one run of every row at T. Or a `Packing`
+    (`teacli.train.batching.pack_completions`): the completions run in one forward laid end to end in rows
+    (`on_packed_prompt_cache`), where the model's attention takes a 4D mask (`packing_problem`; elsewhere one run
+    of every row).
 
     Gradient-checkpointed layers (policy.gradient_checkpointing) keep the cache here: both passes' caches are
     recompute-safe (`prompt_cache`, `prefix_cache`), so the layer's recomputation in backward reads what its
@@ -142,7 +143,8 @@ def shared_prompt_logprobs(
 class Packing(NamedTuple):
     """Where a shared micro-batch's completions sit when they run packed (`optim.completion_splits: packed`): every
     completion but its last token (the last predicts nothing) laid end to end in R rows of width W = T − 1, a row
-    holding one prompt's completions only (`teacli.padding.packed_rows`). Built on the host by `pack_completions`."""
+    holding one prompt's completions only (`teacli.padding.packed_layout`). Built on the host by
+    `teacli.train.batching.pack_completions`."""
 
     prompt: "Tensor"  # [R] each row's prompt (an index into the micro-batch's distinct prompts)
     source: "Tensor"  # [R, W] the flat index into the completions' [B, T] of the token at each place (0 at padding)
@@ -152,34 +154,6 @@ class Packing(NamedTuple):
 
     def to(self, device: Any) -> "Packing":
         return Packing(*(t.to(device) for t in self))
-
-
-def pack_completions(lengths: "Sequence[int]", row_of: "Sequence[int]", width: int) -> Packing:
-    """The `Packing` of completions of these lengths (sequence b's prompt: row_of[b]) in a [B, width] batch: each
-    completion's first `length − 1` tokens laid in rows of width − 1 as `teacli.padding.packed_layout` lays them (CPU
-    tensors)."""
-    import torch
-
-    from teacli.padding import packed_layout
-
-    rows, _ = packed_layout(lengths, row_of)  # no row is wider than the longest completion less its last token
-    w = max(0, width - 1)
-    spans = [max(0, n - 1) for n in lengths]
-    prompt = torch.tensor([row_of[row[0]] for row in rows], dtype=torch.long)
-    source = torch.zeros((len(rows), w), dtype=torch.long)
-    segment = torch.full((len(rows), w), -1, dtype=torch.long)
-    offset = torch.zeros((len(rows), w), dtype=torch.long)
-    gather = torch.zeros((len(lengths), w), dtype=torch.long)
-    for r, row in enumerate(rows):
-        start = 0
-        for b in row:
-            n, cols = spans[b], slice(start, start + spans[b])
-            source[r, cols] = b * width + torch.arange(n)
-            segment[r, cols] = b
-            offset[r, cols] = torch.arange(n)
-            gather[b, :n] = r * w + start + torch.arange(n)
-            start += n
-    return Packing(prompt, source, segment, offset, gather)
 
 
 def packing_problem(model) -> str | None:

@@ -130,8 +130,8 @@ def packed_layout(completions: Sequence[int], prompt_keys: Sequence[object]) -> 
     """How a shared micro-batch's completions of these lengths run packed (`optim.completion_splits: packed`): each
     completion's first token is predicted from its prompt's last state, its other tokens (all but the last, which
     predicts nothing) are laid end to end in rows of the longest's width, a row holding one prompt's completions only
-    (`packed_rows` per prompt). Returns (each row's completion indices, the width). What `teacli.logprobs`'
-    `pack_completions` lays out and `packed_computed` counts."""
+    (`packed_rows` per prompt). Returns (each row's completion indices, the width). What
+    `teacli.train.batching.pack_completions` lays out and `packed_computed` counts."""
     segments = [max(0, c - 1) for c in completions]
     width = max(segments, default=0)
     rows: list[list[int]] = []

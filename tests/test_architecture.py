@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "rundir": set(),
     "cache": set(),  # tea's cache directory: the one reader of TEA_CACHE
-    "logprobs": {"padding"},  # padding: the rows packed completions are laid in (optim.completion_splits: packed)
+    "logprobs": set(),
     "kernels": set(),
     "advantages": set(),
     "memory": set(),  # byte arithmetic of states, activations, KV caches: the planner, the trainer, the vllm engine

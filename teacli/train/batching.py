@@ -5,8 +5,8 @@ by `teacli.padding.micro_batches` (exactly the engine's gradient-accumulation co
 a step is one optimizer update whatever the lengths); `pack_tight` / `pack_shared` pad them (each sequence whole,
 left-padded; shared: each distinct prompt once, left-padded, and the completions right-padded, for
 `logprobs.shared_prompt_logprobs`; `pack`, the prompt left-padded and the completion right-padded, is what the
-behaviour log-probs and the diagnostics read); `packed_micro_batches` moves them to the device before the first
-forward; `token_counts` says what each phase processed, `padding` how much of what the micro-batches compute is
+behaviour log-probs and the diagnostics read); `pack_completions` lays a shared micro-batch's completions end to end
+in rows (optim.completion_splits: packed); `packed_micro_batches` moves them to the device before the first forward; `token_counts` says what each phase processed, `padding` how much of what the micro-batches compute is
 padding (metrics.jsonl `pad_frac_train`, `pad_frac_reference`).
 """
 
@@ -17,7 +17,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
+
+    from teacli.logprobs import Packing
 
     from teacli.types import Completion
 
@@ -114,6 +118,35 @@ def pack_shared(prompt_ids: list[list[int]], completions: list[list[int]], pad_i
     return tuple(t.to(device) for t in (p_ids, p_mask, torch.tensor(row_of), c_ids, c_mask))
 
 
+def pack_completions(lengths: "Sequence[int]", row_of: "Sequence[int]", width: int) -> "Packing":
+    """The `Packing` of completions of these lengths (sequence b's prompt: row_of[b]) in a [B, width] batch: each
+    completion's first `length − 1` tokens laid in rows of width − 1 as `teacli.padding.packed_layout` lays them (CPU
+    tensors)."""
+    import torch
+
+    from teacli.logprobs import Packing
+    from teacli.padding import packed_layout
+
+    rows, _ = packed_layout(lengths, row_of)  # no row is wider than the longest completion less its last token
+    w = max(0, width - 1)
+    spans = [max(0, n - 1) for n in lengths]
+    prompt = torch.tensor([row_of[row[0]] for row in rows], dtype=torch.long)
+    source = torch.zeros((len(rows), w), dtype=torch.long)
+    segment = torch.full((len(rows), w), -1, dtype=torch.long)
+    offset = torch.zeros((len(rows), w), dtype=torch.long)
+    gather = torch.zeros((len(lengths), w), dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for b in row:
+            n, cols = spans[b], slice(start, start + spans[b])
+            source[r, cols] = b * width + torch.arange(n)
+            segment[r, cols] = b
+            offset[r, cols] = torch.arange(n)
+            gather[b, :n] = r * w + start + torch.arange(n)
+            start += n
+    return Packing(prompt, source, segment, offset, gather)
+
+
 def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tensor", batches: list[list[int]], shared: bool,
                          pad_id: int, device, seq_rollout_logp: list | None = None, splits: int | str = 1) -> list[tuple]:
     """(weight, batch, advantages, sampler log-probs) of every micro-batch, on `device`: the batch as `pack_shared`
@@ -132,7 +165,7 @@ def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tenso
     while the host built and launched the next one (the 1B paper recipe's training was host-bound at 8 sequences a
     micro-batch: results/performance/2026-11-28-h200x2-micro/). A micro-batch left empty (fewer sequences than
     micro-batches) is a zero-weight pass over the first one's first sequence: the count stays the engine's."""
-    from teacli.logprobs import completion_index, pack_completions
+    from teacli.logprobs import completion_index
     from teacli.padding import split_sizes
     from teacli.train.importance import pack_rollout_logprobs
 
