@@ -4,6 +4,7 @@
     python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager,liger --batch-sizes 16,32,64
     python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager --before          # against the scoring loop before
     python benchmarks/reward_scoring.py uf_llama1b_tea --kernels eager --share off,on    # each prompt once or m times (default)
+    python benchmarks/reward_scoring.py uf_llama1b_tea --kernels liger --share on,packed --lengths realistic
 
 Builds the recipe's reward model as a rehearsal does (random weights of exactly its shape, `teacli.standins`; a local
 directory with a config.json works too, `--model`) and the conversations of one step as a rehearsal scores them: P × m
@@ -24,7 +25,10 @@ for kernel the same forwards, so the two rows compare the loops.
 group's common prefix once, the responses on its KV cache), side by side: `shared` says which, `tokens` counts the
 conversations' tokens and `run` the tokens the model ran; tokens/s is conversation tokens a second (what the step
 sees), the floor and MFU count the tokens run (at the conversations' mean context). A model whose cache cannot be
-shared (`teacli.rewards.hf.sharing_problem`) gets the `off` rows only.
+shared (`teacli.rewards.hf.sharing_problem`) gets the `off` rows only. `packed`: shared, and the responses laid end
+to end in rows (`reward.pack_responses`; sdpa and eager attention). `padded` is the share of the tokens the forwards
+computed that was padding (metrics.jsonl pad_frac_reward). `--lengths realistic` draws the step's prompt and response
+lengths as `rehearsal.lengths: realistic` does (where the padding shows; fixed lengths have almost none).
 """
 
 from __future__ import annotations
@@ -35,17 +39,22 @@ import statistics
 import time
 
 
-def conversations(recipe, vocab: int, seed: int = 0) -> tuple[list, list[str]]:
+def conversations(recipe, vocab: int, seed: int = 0, lengths: str = "fixed") -> tuple[list, list[str]]:
     """(prompts, responses) of one step of `recipe` at a rehearsal's lengths, words `t<i>` of the stand-in vocabulary
-    (ids 1000 from either end of it: no special token)."""
+    (ids 1000 from either end of it: no special token). `lengths` realistic: drawn as `rehearsal.lengths: realistic`
+    draws them (`teacli.planner.Lengths`), else `rehearsal.prompt_tokens` and `rollout.max_new_tokens` words each."""
+    from teacli.planner import Lengths
     from teacli.types import Prompt
 
     rng = random.Random(seed)
     words = lambda n: " ".join(f"t{rng.randrange(1000, vocab - 1000)}" for _ in range(n))  # noqa: E731
-    groups = recipe.rollout.prompts_per_step
-    prompts = [Prompt(id=f"p{i}", messages=({"role": "user", "content": words(recipe.rehearsal.prompt_tokens)},)) for i in range(groups)]
-    m = recipe.rollout.group_size
-    return [p for p in prompts for _ in range(m)], [words(recipe.rollout.max_new_tokens) for _ in range(groups * m)]
+    groups, m = recipe.rollout.prompts_per_step, recipe.rollout.group_size
+    if lengths == "realistic":
+        plen, rlen = Lengths().draw(groups, m, seed, recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens)
+    else:
+        plen, rlen = [recipe.rehearsal.prompt_tokens] * groups, [recipe.rollout.max_new_tokens] * (groups * m)
+    prompts = [Prompt(id=f"p{i}", messages=({"role": "user", "content": words(n)},)) for i, n in enumerate(plen)]
+    return [p for p in prompts for _ in range(m)], [words(n) for n in rlen]
 
 
 def score_before(rm, encoded: list[list[int]]):
@@ -79,7 +88,7 @@ def measure(rm, prompts, responses, repeats: int, before: bool = False) -> dict:
         if rm.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
-        run = rm.tokens_run
+        run, padded = rm.tokens_run, rm.tokens_padded
         scores = score_before(rm, encoded) if before else rm._score_encoded(encoded, keys)
         t3 = time.perf_counter()
         if k:
@@ -87,7 +96,8 @@ def measure(rm, prompts, responses, repeats: int, before: bool = False) -> dict:
             score.append(t3 - t2)
     tokens = sum(len(ids) for ids in encoded)
     return {"encode": statistics.median(encode), "score": statistics.median(score), "scores": scores,
-            "tokens": tokens, "run": tokens if before else rm.tokens_run - run, "sequences": len(encoded)}
+            "tokens": tokens, "run": tokens if before else rm.tokens_run - run, "sequences": len(encoded),
+            "padded": 0.0 if before else (rm.tokens_padded - padded) / max(1, rm.tokens_padded - padded + rm.tokens_run - run)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,7 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", action="store_true", help="rows for the scoring loop before, first (a decoder tea pools)")
-    parser.add_argument("--share", default="off,on", help="comma-separated reward.share_prompts values: off, on")
+    parser.add_argument("--share", default="off,on", help="comma-separated: off, on (reward.share_prompts), packed "
+                        "(and reward.pack_responses)")
+    parser.add_argument("--lengths", default="fixed", choices=("fixed", "realistic"), help="the step's lengths, as "
+                        "rehearsal.lengths draws them")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override, KEY=VALUE")
     a = parser.parse_args(argv)
 
@@ -109,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from teacli import planner, standins
     from teacli.config import find_recipe, load_recipe
+    from teacli.logprobs import packing_problem
     from teacli.rewards.hf import HFRewardModel
 
     if a.card not in planner.CARDS:
@@ -127,30 +141,33 @@ def main(argv: list[str] | None = None) -> None:
     kernels = sorted(a.kernels.split(","), key=lambda k: k == "liger")  # liger's patches outlive its model
     sizes = [int(b) for b in a.batch_sizes.split(",")] if a.batch_sizes else [recipe.reward.batch_size]
     shares = [v.strip() for v in a.share.split(",")]
-    if not shares or any(v not in ("off", "on") for v in shares):
-        parser.error(f"--share: {a.share!r}; give off, on or off,on")
+    if not shares or any(v not in ("off", "on", "packed") for v in shares):
+        parser.error(f"--share: {a.share!r}; give a comma list of off, on and packed")
 
     print(f"reward model {name} ({shape.params / 1e9:.2f}B parameters, stand-in), {a.dtype} on {device}; floor on {card.name}")
-    print("| kernels | batch size | shared | sequences | tokens | run | encode s | score s | tokens/s | floor s | × floor | MFU | max |Δ| (std) |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"lengths {a.lengths}")
+    print("| kernels | batch size | shared | sequences | tokens | run | padded | encode s | score s | tokens/s | floor s | × floor | MFU | max |Δ| (std) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     first = None
     for kind in kernels:
         rm = HFRewardModel.from_pretrained(str(path), dtype=a.dtype, device=device, max_length=recipe.reward.max_length, kernels=kind)
-        prompts, responses = conversations(recipe, len(rm.tokenizer))
+        prompts, responses = conversations(recipe, len(rm.tokenizer), lengths=a.lengths)
         if a.before and kind == kernels[0] and not rm._own_pooling:
             parser.error(f"--before: {name} is not a decoder tea pools itself; the loop before is timed for those only")
         can_share = rm.share_prompts  # False where the cache does not apply (sharing_problem) or kernels compile
-        variants = [(size, before, False) for before in ((True,) if a.before and kind == kernels[0] else ()) for size in sizes]
-        variants += [(size, False, share == "on") for size in sizes for share in shares if share == "off" or can_share]
+        can_pack = packing_problem(rm.model) is None
+        variants = [(size, before, "off") for before in ((True,) if a.before and kind == kernels[0] else ()) for size in sizes]
+        variants += [(size, False, share) for size in sizes for share in shares
+                     if share == "off" or (can_share and (share == "on" or can_pack))]
         for size, before, share in variants:
-            rm.batch_size, rm.share_prompts = size, share
+            rm.batch_size, rm.share_prompts, rm.pack_responses = size, share != "off", share == "packed"
             got = measure(rm, prompts, responses, a.repeats, before)
             floor = planner.forward_floor(shape, card, got["run"], got["tokens"] / got["sequences"])
             if first is None:
                 first = got["scores"]
             drift = float((got["scores"] - first).abs().max() / first.std().clamp(min=1e-12))
-            print(f"| {kind}{' (loop before)' if before else ''} | {size} | {'yes' if share else 'no'} | {got['sequences']} | "
-                  f"{got['tokens']:,} | {got['run']:,} | {got['encode']:.2f} | {got['score']:.2f} | "
+            print(f"| {kind}{' (loop before)' if before else ''} | {size} | {share} | {got['sequences']} | "
+                  f"{got['tokens']:,} | {got['run']:,} | {got['padded']:.1%} | {got['encode']:.2f} | {got['score']:.2f} | "
                   f"{got['tokens'] / got['score']:,.0f} | {floor:.2f} | {got['score'] / floor:.1f}× | {floor / got['score']:.0%} | "
                   f"{drift:.3f} |", flush=True)
         del rm

@@ -155,6 +155,30 @@ class Packing(NamedTuple):
     def to(self, device: Any) -> "Packing":
         return Packing(*(t.to(device) for t in self))
 
+    @classmethod
+    def lay(cls, rows: "Sequence[Sequence[int]]", spans: "Sequence[int]", prompt_of: "Sequence[int]", stride: int,
+            width: int) -> "Packing":
+        """The `Packing` (CPU tensors) of sequences b laid in `rows` (each row's sequence indices, in the order laid,
+        as `teacli.padding.packed_rows` gives them): sequence b's first spans[b] tokens, read from a [B, stride]
+        batch, end to end in rows of `width`; a row's prompt is its first sequence's, prompt_of[b]."""
+        import torch
+
+        prompt = torch.tensor([prompt_of[row[0]] for row in rows], dtype=torch.long)
+        source = torch.zeros((len(rows), width), dtype=torch.long)
+        segment = torch.full((len(rows), width), -1, dtype=torch.long)
+        offset = torch.zeros((len(rows), width), dtype=torch.long)
+        gather = torch.zeros((len(spans), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            start = 0
+            for b in row:
+                n, cols = spans[b], slice(start, start + spans[b])
+                source[r, cols] = b * stride + torch.arange(n)
+                segment[r, cols] = b
+                offset[r, cols] = torch.arange(n)
+                gather[b, :n] = r * width + start + torch.arange(n)
+                start += n
+        return cls(prompt, source, segment, offset, gather)
+
 
 def packing_problem(model) -> str | None:
     """Why `model` cannot run packed completions (None: it can): their attention mask is a custom 4D mask, which
@@ -174,19 +198,42 @@ def on_packed_prompt_cache(forward: Any, model, cache: Any, prompt_mask: "Tensor
     import torch
 
     ids = completion_ids.reshape(-1)[packing.source]
-    width = ids.shape[1]
-    causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
-    own = (packing.segment[:, :, None] == packing.segment[:, None, :]) & causal
-    prompt = prompt_mask[packing.prompt].bool()[:, None, :].expand(-1, width, -1)
-    mask = torch.cat([prompt, own], dim=-1)[:, None]  # [R, 1, W, Lp + W]: True attends
-    if getattr(base_model(model).config, "_attn_implementation", None) == "eager":  # eager adds its mask to the scores
-        dtype = base_model(model).dtype
-        mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, torch.finfo(dtype).min)
+    mask = packed_mask(model, packing.segment, prompt_mask[packing.prompt])
     start = prompt_mask.long().sum(-1)[packing.prompt][:, None]
     return forward(
         input_ids=ids, attention_mask=mask, position_ids=start + packing.offset,
         past_key_values=prefix_cache(model, cache, packing.prompt), use_cache=True,
     )
+
+
+def packed_mask(model, segment: "Tensor", prompt: "Tensor | None" = None) -> "Tensor":
+    """The 4D attention mask [R, 1, W, Lp + W] of rows of segments laid end to end (segment [R, W]: the segment at
+    each place, equal ids one segment): a token attends, causally, to its own segment's earlier tokens, and to all
+    of `prompt` [R, Lp] (each row's cached columns, 1 attends; none: Lp = 0). A padding place (segment −1) attends to
+    the padding before it, so no row of the mask is empty. Boolean (True attends) for sdpa; additive for eager, which
+    adds its mask to the scores."""
+    import torch
+
+    width = segment.shape[1]
+    causal = torch.ones((width, width), dtype=torch.bool, device=segment.device).tril()
+    mask = (segment[:, :, None] == segment[:, None, :]) & causal
+    if prompt is not None:
+        mask = torch.cat([prompt.bool()[:, None, :].expand(-1, width, -1), mask], dim=-1)
+    mask = mask[:, None]  # [R, 1, W, Lp + W]
+    if getattr(base_model(model).config, "_attn_implementation", None) == "eager":
+        dtype = base_model(model).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=segment.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return mask
+
+
+def unpacked_cache(cache: Any, index: "Tensor") -> Any:
+    """`cache` of one row of prompts laid end to end (every layer's keys and values [1, heads, S, d]), laid out as U
+    left-padded rows in place: each layer's keys and values become [U, heads, Lp, d], column j of row u the packed
+    column index[u, j] (any column where row u is padding: its mask hides it). Returns `cache`."""
+    for layer in cache.layers:
+        layer.keys = layer.keys[0][:, index].transpose(0, 1).contiguous()
+        layer.values = layer.values[0][:, index].transpose(0, 1).contiguous()
+    return cache
 
 
 def on_prompt_cache(

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from teacli.config import Recipe
 
 from teacli.memory import activation_budget, activation_bytes, auto_checkpoint_layers, memory_plan, state_bytes
-from teacli.padding import batch_sizes, micro_batches, micro_padding
+from teacli.padding import batch_sizes, micro_batches, micro_padding, packed_rows
 from teacli.standins import (PROMPT_MEDIAN, PROMPT_MIN, PROMPT_SIGMA, RESPONSE_MEDIAN, RESPONSE_SIGMA, Shape, model_shape,
                              prompt_lengths, response_lengths)
 
@@ -283,7 +283,7 @@ class Drawn:
 
 @lru_cache(maxsize=32)
 def drawn(lengths: Lengths, prompts: int, group: int, max_prompt: int, max_new: int, draws: int, reward_batch: int,
-          reward_shared: bool, micro: int, train_shared: bool, splits: int | str = 1) -> Drawn:
+          reward_shared: bool, micro: int, train_shared: bool, splits: int | str = 1, reward_packed: bool = False) -> Drawn:
     """`draws` draws of `prompts` prompts' `group` sequences each (seeds 0, 1, ...), cut as a run cuts them: the reward
     model's forward batches of `reward_batch` rows (`_reward_padding`) and `micro` micro-batches (`_train_padding`;
     micro 0: none), shared ones' completions in the forwards that `splits` (optim.completion_splits) cuts."""
@@ -293,7 +293,7 @@ def drawn(lengths: Lengths, prompts: int, group: int, max_prompt: int, max_new: 
         p, r = lengths.draw(prompts, group, seed, max_prompt, max_new)
         whole += group * sum(p) + sum(r)
         squares += sum((p[i // group] + x) ** 2 for i, x in enumerate(r))
-        for key, (pad, total) in (("reward", _reward_padding(p, r, group, reward_batch, reward_shared)),
+        for key, (pad, total) in (("reward", _reward_padding(p, r, group, reward_batch, reward_shared, reward_packed)),
                                   ("train", _train_padding(p, r, group, micro, train_shared, splits) if micro else (0, 0))):
             pads[key][0] += pad
             pads[key][1] += total
@@ -325,11 +325,14 @@ def _train_padding(prompts: list[int], responses: list[int], group: int, micro: 
     return micro_padding(seq_prompts, responses, groups, batches, shared, splits)
 
 
-def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_size: int, shared: bool) -> tuple[int, int]:
+def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_size: int, shared: bool,
+                    packed: bool = False) -> tuple[int, int]:
     """(padding, tokens computed) of the reward model's forward batches of these sequences, as teacli/rewards/hf.py
     cuts them (`teacli.padding.batch_sizes`): shared prompts (reward.share_prompts), blocks of `batch_size` groups,
-    longest prompt first, each block's prompts left-padded to its longest, then its responses longest first on them;
-    else whole conversations longest first. The prompt under the reward model's template is taken as the policy's."""
+    longest prompt first, each block's prompts end to end in one row, then its responses longest first on them
+    (packed, reward.pack_responses: laid end to end in rows as wide as the block's longest, a group's a row,
+    `teacli.padding.packed_rows`); else whole conversations longest first. The prompt under the reward model's
+    template is taken as the policy's."""
     pad = total = 0
 
     def batches(widths: list[int], rows: list[int]) -> None:  # rows: each row's own tokens, longest first
@@ -345,8 +348,13 @@ def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_
         for start in range(0, len(order), batch_size):
             block = order[start : start + batch_size]
             wide = max(prompts[g] for g in block)
-            pad += len(block) * wide - sum(prompts[g] for g in block)
-            total += len(block) * wide
+            total += sum(prompts[g] for g in block)  # end to end in one row (`_packed_prefixes`): no padding
+            if packed:
+                cap = max(responses[g * group + j] for g in block for j in range(group))
+                rows = sum(len(packed_rows(responses[g * group : (g + 1) * group], cap)) for g in block)
+                pad += rows * cap - sum(responses[g * group + j] for g in block for j in range(group))
+                total += rows * cap
+                continue
             rest = sorted((responses[g * group + j] for g in block for j in range(group)), reverse=True)
             batches([wide + x for x in rest], rest)
     else:
@@ -394,11 +402,13 @@ def estimate(recipe: "Recipe", *, gpus: int = 1, card: "str | Card" = "h100", pr
         cut = (recipe.data.max_prompt_tokens, n)
         micro_count = math.ceil(seqs / recipe.optim.micro_batch_size)
         v = recipe.validation
+        rpacked = recipe.reward.pack_responses
         drawn_of["step"] = drawn(lengths, -(-P // gpus), m, *cut, LENGTH_DRAWS, rb, rshared, micro_count, recipe.optim.share_prompts,
-                                 recipe.optim.completion_splits)
+                                 recipe.optim.completion_splits, rpacked)
         drawn_of["validation"] = drawn(lengths, min(DRAWN_PROMPTS, math.ceil(v.prompts / gpus)), v.samples, *cut,
-                                       VALIDATION_DRAWS, rb, rshared, 0, False)
-        drawn_of["eval"] = drawn(lengths, DRAWN_PROMPTS, eval_M or recipe.eval.M, *cut, VALIDATION_DRAWS, rb, rshared, 0, False)
+                                       VALIDATION_DRAWS, rb, rshared, 0, False, 1, rpacked)
+        drawn_of["eval"] = drawn(lengths, DRAWN_PROMPTS, eval_M or recipe.eval.M, *cut, VALIDATION_DRAWS, rb, rshared, 0, False, 1,
+                                 rpacked)
         step = drawn_of["step"]
         tokens = seqs * step.sequence / (1 - step.pad_train)
         ctx = recipe.data.max_prompt_tokens + n  # memory: the longest sequence a run can hold

@@ -171,6 +171,12 @@ class RewardConfig:
         "sliding-window, chunked or linear-attention layers, reward.kernels compile, architectures tea does not pool "
         "itself (docs/models.md).",
     )
+    pack_responses: bool = field(
+        False, "kind hf, with share_prompts: score a group's responses in one forward laid end to end in rows as wide "
+        "as the longest (first-fit decreasing, one prompt's a row) under a 4D attention mask, each read at its own last "
+        "token, instead of right-padded to the longest of their batch: the same scores up to float rounding, less "
+        "padding at real lengths (docs/performance.md). sdpa and eager attention only (elsewhere off).",
+    )
     judge_template: str = field(
         JUDGE_TEMPLATE,
         "kind lm_judge: the question the judge answers; must contain {prompt} (the prompt's text; several messages as "
@@ -532,7 +538,7 @@ EXECUTION_KEYS: frozenset[str] = frozenset({
     # when to give up on the reward (a remote request, a python call): not what it computes
     "reward.timeout_s",
     # how the reward model computes the same scores: each prompt once or with every response, fused kernels or eager
-    "reward.share_prompts", "reward.kernels",
+    "reward.share_prompts", "reward.pack_responses", "reward.kernels",
 })
 """Recipe keys that say how a run executes, not what it computes (dotted names; a section name covers all
 its keys): resuming a run directory accepts a change of these, records it in resume.jsonl, and refuses a
@@ -558,6 +564,7 @@ APPLIES_WHEN: dict[str, tuple[str, tuple[Any, ...]]] = {
     "reward.batch_size": ("reward.kind", (*_KINDS_HF, "remote")),
     "reward.kernels": ("reward.kind", ("hf",)),
     "reward.share_prompts": ("reward.kind", ("hf",)),
+    "reward.pack_responses": ("reward.kind", ("hf",)),
     **{f"reward.{key}": ("reward.kind", ("lm_judge",)) for key in JUDGE_KEYS},
     "reward.function": ("reward.kind", ("python",)),
     "reward.params": ("reward.kind", ("rule", "python")),

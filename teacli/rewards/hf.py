@@ -23,9 +23,11 @@ model's forward on each example:
     common token prefix (of the encoded sequences themselves, so a template that merges tokens across the
     prompt/response boundary, or a cut conversation, only shortens it), less at least the last token of each row.
     Groups of two or more rows whose prefix has at least MIN_SHARED_PREFIX tokens run it once: up to
-    `reward.batch_size` prefixes a forward, left-padded, kept as a KV cache, copied to each response's row
-    (`teacli.logprobs.on_prompt_cache`), and the responses' own tokens run on it, right-padded, in batches sorted
-    by length and cut as above (counting each row's copy of its prefix); the score is read at each row's last token as before. Other rows (a lone
+    `reward.batch_size` prefixes a forward, end to end in one row (no padding), kept as a KV cache laid out as
+    left-padded rows, copied to each response's row (`teacli.logprobs.on_prompt_cache`), and the responses' own
+    tokens run on it, right-padded, in batches sorted by length and cut as above (counting each row's copy of its
+    prefix); or, with `reward.pack_responses`, end to end in rows as training packs completions
+    (`teacli.logprobs.on_packed_prompt_cache`); the score is read at each response's last token as before. Other rows (a lone
     response, a short common prefix, `score_texts`' rendered conversations) are scored whole. The scores are the
     unshared ones up to float rounding (tests/rewards/test_hf_shared.py). Whole conversations are scored instead
     where the cache does not apply (`sharing_problem`): a model tea does not pool itself, attention other than
@@ -42,7 +44,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from teacli.models import encode_chat, is_standin, load_errors, looks_like_path, random_model, resolve_dtype
-from teacli.padding import batch_sizes  # the forward batches' cut, which the planner prices too
+from teacli.logprobs import Packing, on_packed_prompt_cache, packing_problem
+from teacli.padding import batch_sizes, packed_rows  # the forward batches' cut, which the planner prices too
 
 if TYPE_CHECKING:
     import torch
@@ -68,6 +71,7 @@ class HFRewardModel:
         max_length: int = 4096,
         name: str | None = None,
         share_prompts: bool = True,
+        pack_responses: bool = False,
     ) -> None:
         import torch
 
@@ -100,6 +104,8 @@ class HFRewardModel:
             log.info("reward model %s: scoring whole conversations, not each prompt once (%s)", self.name, problem)
         # whether `score` runs a group's common prefix once (the module docstring); False: every conversation whole
         self.share_prompts = share_prompts and problem is None
+        # whether the shared responses run packed, end to end in rows under a 4D mask (the module docstring)
+        self.pack_responses = pack_responses and packing_problem(model) is None
 
     @classmethod
     def from_pretrained(
@@ -114,6 +120,7 @@ class HFRewardModel:
         trust_remote_code: bool = False,
         kernels: str = "auto",
         share_prompts: bool = True,
+        pack_responses: bool = False,
     ) -> "HFRewardModel":
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -139,7 +146,7 @@ class HFRewardModel:
         if kind == "compile" and share_prompts:
             log.info("reward model %s: reward.kernels compile scores whole conversations (reward.share_prompts has no effect)", name_or_path)
         return cls(model, tokenizer, batch_size=batch_size, max_length=max_length, name=name_or_path,
-                   share_prompts=share_prompts and kind != "compile")
+                   share_prompts=share_prompts and kind != "compile", pack_responses=pack_responses)
 
     @classmethod
     def from_config(cls, cfg: "RewardConfig", device: "str | torch.device | None" = None) -> "HFRewardModel":
@@ -155,6 +162,7 @@ class HFRewardModel:
             max_length=cfg.max_length,
             kernels=cfg.kernels,
             share_prompts=cfg.share_prompts,
+            pack_responses=cfg.pack_responses,
         )
 
     # -- scoring ----------------------------------------------------------------------------------
@@ -238,7 +246,8 @@ class HFRewardModel:
         their first k tokens, every row longer than k).
 
         Up to batch_size groups make a block, longest prefixes first: the block's prefixes run in one forward
-        (left-padded, with their mask) into a KV cache; then its rows' remaining tokens, longest first, in the batches
+        (end to end in one row under a block-diagonal causal mask: `_packed_prefixes`) into a KV cache, laid out as
+        left-padded rows (`teacli.logprobs.unpacked_cache`); then its rows' remaining tokens, longest first, in the batches
         `batch_sizes` cuts (about batch_size rows a forward: more of the short ones, none holding more tokens with its
         prefixes than batch_size of the longest), each on its prefix's keys and values (copied to its row). A group split across batches
         keeps its one prefix pass, and only one block's cache is held at a time. Unlike whole conversations, a batch
@@ -248,7 +257,7 @@ class HFRewardModel:
         `score_by_length`."""
         import torch
 
-        from teacli.logprobs import new_cache, on_prompt_cache, positions
+        from teacli.logprobs import new_cache, on_prompt_cache, packed_mask, unpacked_cache
 
         pad, model = self.tokenizer.pad_token_id, self.model
         place = {r: i for i, r in enumerate(r for rows, _ in groups for r in rows)}  # row → its place in the result
@@ -257,22 +266,26 @@ class HFRewardModel:
         for start in range(0, len(order), self.batch_size):
             block = order[start : start + self.batch_size]
             prefixes = [encoded[rows[0]][:k] for rows, k in block]
-            self.tokens_padded += _pad_tokens(prefixes)
-            prefix_ids, prefix_mask = _padded(prefixes, pad, left=True)
+            _, prefix_mask = _padded(prefixes, pad, left=True)
+            packed = _packed_prefixes(prefixes)  # run end to end in one row: no padding
             members = sorted(((r, u, k) for u, (rows, k) in enumerate(block) for r in rows),
                              key=lambda m: len(encoded[m[0]]) - m[2], reverse=True)  # longest remainder first
             batches, first = [], 0
             # a row holds its prefix's keys and values too: the cap counts them (a batch of short remainders may hold
             # more rows, but no more tokens than batch_size of the longest with their prefixes)
-            wide = prefix_ids.shape[1]
-            for size in batch_sizes([wide + len(encoded[r]) - k for r, _, k in members], self.batch_size):
+            wide = prefix_mask.shape[1]
+            if self.pack_responses:
+                batches = self._packed_batches(encoded, members, len(block), wide)
+                done += [place[r] for batch in batches for r in batch[-1]]
+                batches = [batch[:-1] for batch in batches]
+            for size in [] if self.pack_responses else batch_sizes([wide + len(encoded[r]) - k for r, _, k in members], self.batch_size):
                 chunk, first = members[first : first + size], first + size
                 rest = [encoded[r][k:] for r, _, k in chunk]
                 self.tokens_padded += _pad_tokens(rest)
                 ids, mask = _padded(rest, pad, left=False)
                 batches.append((torch.tensor([u for _, u, _ in chunk]), ids, mask, torch.tensor([len(x) - 1 for x in rest])))
                 done += [place[r] for r, _, _ in chunk]
-            plan.append((prefix_ids, prefix_mask, batches))
+            plan.append((packed, prefix_mask, batches))
         plan = _to_device(plan, self.device)
         decoder = model.base_model
 
@@ -281,17 +294,71 @@ class HFRewardModel:
 
         outs = []
         with _inference(model):
-            for prefix_ids, prefix_mask, batches in plan:
+            for (prefix_ids, segment, at, index), prefix_mask, batches in plan:
                 cache = new_cache(model)
-                decoder(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=positions(prefix_mask),
+                decoder(input_ids=prefix_ids, attention_mask=packed_mask(model, segment), position_ids=at,
                         past_key_values=cache, use_cache=True)
-                for row_of, ids, mask, last in batches:
+                unpacked_cache(cache, index)  # the prefixes' keys and values as left-padded rows [U, heads, Lp, d]
+                for batch in batches:
+                    if isinstance(batch[0], Packing):  # reward.pack_responses: rows [R, W, H], each response's last token
+                        packing, ids, last = batch
+                        hidden = on_packed_prompt_cache(hidden_states, model, cache, prefix_mask, packing, ids)
+                        outs.append(model.score(hidden.reshape(-1, hidden.shape[-1])[last])[:, 0].float())
+                        continue
+                    row_of, ids, mask, last = batch
                     hidden = on_prompt_cache(hidden_states, model, cache, prefix_mask, row_of, ids, mask)  # [b, T, H]
                     outs.append(model.score(hidden[torch.arange(len(ids), device=ids.device), last])[:, 0].float())
                 del cache
         scores = torch.empty(len(done), dtype=torch.float32)
         scores[done] = torch.cat(outs).cpu()
         return scores
+
+    def _packed_batches(self, encoded: list[list[int]], members: list[tuple[int, int, int]], groups: int, wide: int) -> list[tuple]:
+        """A block's responses packed (`reward.pack_responses`): members (row, its prefix u in the block, k), each
+        row's remaining tokens encoded[row][k:] laid end to end in rows as wide as the block's longest remainder,
+        a row holding one prefix's responses only (`teacli.padding.packed_rows`, first-fit decreasing), `batch_sizes`
+        of those rows a forward (each as wide as the longest: batch_size rows, the unpacked batches' most tokens).
+        Each batch: (its `Packing`, the remainders [b, T] it reads, each response's last place in [R × W], the rows
+        it scores in that order)."""
+        import torch
+
+        widths = [len(encoded[r]) - k for r, _, k in members]
+        cap = max(widths)
+        laid = []  # packed rows: indices into members
+        for u in range(groups):
+            mine = [i for i, (_, v, _) in enumerate(members) if v == u]
+            laid += [[mine[j] for j in row] for row in packed_rows([widths[i] for i in mine], cap)]
+        batches, first = [], 0
+        for size in batch_sizes([wide + cap] * len(laid), self.batch_size):
+            chunk, first = laid[first : first + size], first + size
+            seqs = [i for row in chunk for i in row]
+            local = {i: j for j, i in enumerate(seqs)}
+            rest = [encoded[members[i][0]][members[i][2]:] for i in seqs]
+            spans = [len(x) for x in rest]
+            self.tokens_padded += len(chunk) * cap - sum(spans)
+            ids, _ = _padded(rest, self.tokenizer.pad_token_id, left=False)
+            packing = Packing.lay([[local[i] for i in row] for row in chunk], spans, [members[i][1] for i in seqs],
+                                  ids.shape[1], cap)
+            last = packing.gather[torch.arange(len(seqs)), torch.tensor(spans) - 1]
+            batches.append((packing, ids, last, [members[i][0] for i in seqs]))
+        return batches
+
+
+def _packed_prefixes(prefixes: list[list[int]]) -> "tuple[torch.Tensor, ...]":
+    """A block's prefixes laid end to end in one row, for one forward without padding: (ids [1, S], each place's
+    prefix [1, S], its position in its prefix [1, S], and index [U, Lp]: the place of column j of prefix u left-padded
+    to the longest, Lp (0 where it is padding): `teacli.logprobs.unpacked_cache`)."""
+    import torch
+
+    wide = max(map(len, prefixes))
+    index = torch.zeros((len(prefixes), wide), dtype=torch.long)
+    start = 0
+    for u, ids in enumerate(prefixes):
+        index[u, wide - len(ids) :] = torch.arange(start, start + len(ids))
+        start += len(ids)
+    segment = torch.cat([torch.full((len(ids),), u) for u, ids in enumerate(prefixes)])[None]
+    at = torch.cat([torch.arange(len(ids)) for ids in prefixes])[None]
+    return torch.tensor([t for ids in prefixes for t in ids])[None], segment, at, index
 
 
 def shared_prefixes(
@@ -355,7 +422,8 @@ def _to_device(tree: Any, device: "torch.device") -> Any:
 
     if isinstance(tree, torch.Tensor):
         return tree.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tree.to(device)
-    return type(tree)(_to_device(x, device) for x in tree)
+    moved = [_to_device(x, device) for x in tree]
+    return type(tree)(*moved) if hasattr(tree, "_fields") else type(tree)(moved)  # a NamedTuple (Packing) takes fields
 
 
 @contextlib.contextmanager

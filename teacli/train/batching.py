@@ -122,29 +122,11 @@ def pack_completions(lengths: "Sequence[int]", row_of: "Sequence[int]", width: i
     """The `Packing` of completions of these lengths (sequence b's prompt: row_of[b]) in a [B, width] batch: each
     completion's first `length − 1` tokens laid in rows of width − 1 as `teacli.padding.packed_layout` lays them (CPU
     tensors)."""
-    import torch
-
     from teacli.logprobs import Packing
     from teacli.padding import packed_layout
 
     rows, _ = packed_layout(lengths, row_of)  # no row is wider than the longest completion less its last token
-    w = max(0, width - 1)
-    spans = [max(0, n - 1) for n in lengths]
-    prompt = torch.tensor([row_of[row[0]] for row in rows], dtype=torch.long)
-    source = torch.zeros((len(rows), w), dtype=torch.long)
-    segment = torch.full((len(rows), w), -1, dtype=torch.long)
-    offset = torch.zeros((len(rows), w), dtype=torch.long)
-    gather = torch.zeros((len(lengths), w), dtype=torch.long)
-    for r, row in enumerate(rows):
-        start = 0
-        for b in row:
-            n, cols = spans[b], slice(start, start + spans[b])
-            source[r, cols] = b * width + torch.arange(n)
-            segment[r, cols] = b
-            offset[r, cols] = torch.arange(n)
-            gather[b, :n] = r * w + start + torch.arange(n)
-            start += n
-    return Packing(prompt, source, segment, offset, gather)
+    return Packing.lay(rows, [max(0, n - 1) for n in lengths], row_of, width, max(0, width - 1))
 
 
 def packed_micro_batches(seq_prompt: list, seq_comp: list, seq_adv: "torch.Tensor", batches: list[list[int]], shared: bool,

@@ -30,9 +30,11 @@ def test_reward_scoring_waits_for_the_gpu_once_whatever_its_batches(cuda, teacli
     assert eight == two, f"tea's synchronizing calls with 2 batches {dict(two)}, with 8 {dict(eight)}"
 
 
-def test_shared_prompt_scores_match_whole_conversations_in_bf16(cuda):
-    """reward.share_prompts on CUDA in bf16: each group's prompt run once gives the whole conversations' scores to
-    bf16 rounding (CPU tests check float32 to 1e-5: tests/rewards/test_hf_shared.py)."""
+@pytest.mark.parametrize("pack", [False, True])
+def test_shared_prompt_scores_match_whole_conversations_in_bf16(cuda, pack):
+    """reward.share_prompts on CUDA in bf16 (the prompts end to end in one row; with reward.pack_responses the
+    responses too): each group's prompt run once gives the whole conversations' scores to bf16 rounding (CPU tests
+    check float32 to 1e-5: tests/rewards/test_hf_shared.py)."""
     import torch
     from tiny_lm import make_reward_model, make_tokenizer
 
@@ -44,9 +46,9 @@ def test_shared_prompt_scores_match_whole_conversations_in_bf16(cuda):
     prompts = [Prompt(id=f"p{i // 8}", messages=({"role": "user", "content": "the cat sat on the mat " * (3 + i // 8)},))
                for i in range(32)]
     responses = ["a dog ran " * (1 + i % 7) for i in range(32)]
-    shared = HFRewardModel(model, tok, batch_size=8, share_prompts=True)
+    shared = HFRewardModel(model, tok, batch_size=8, share_prompts=True, pack_responses=pack)
     whole = HFRewardModel(model, tok, batch_size=8, share_prompts=False)
-    assert shared.share_prompts
+    assert shared.share_prompts and shared.pack_responses == pack
     a, b = shared.score(prompts, responses), whole.score(prompts, responses)
     assert shared.tokens_run < whole.tokens_run
     torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)

@@ -142,6 +142,12 @@ def test_each_group_runs_its_prefix_once():
 
     def count(_module, _args, kwargs):
         ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 4:  # prefixes end to end in one row: one starts where a token does not see the one before
+            for row, own in zip(ids.tolist(), mask[:, 0, :, -ids.shape[1] :]):
+                sees = own if own.dtype == torch.bool else own == 0
+                cuts = [0] + [t for t in range(1, len(row)) if not sees[t, t - 1]] + [len(row)]
+                runs.extend(row[a:b] for a, b in zip(cuts, cuts[1:]))
+            return
         # unshared batches run without a mask, right-padded: their real tokens are all but the trailing pads
         mask = (ids != pad).long().flip(1).cummax(1).values.flip(1) if mask is None else mask[:, -ids.shape[1] :]
         runs.extend([int(t) for t, m in zip(row, keep) if m] for row, keep in zip(ids.tolist(), mask.tolist()))
@@ -160,6 +166,56 @@ def test_each_group_runs_its_prefix_once():
     assert sum(map(len, shared_runs)) == sum(map(len, encoded)) - sum((len(g) - 1) * k[key] for key, g in rows.items())
     assert sorted(map(len, runs)) == sorted(map(len, encoded))  # unshared: every conversation whole (right padding not run as real)
     assert rm.tokens_run == sum(map(len, shared_runs)) + sum(map(len, encoded))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch_size", [1, 2, 5, 64])
+def test_packed_responses_score_as_unshared(batch_size, attention):
+    """reward.pack_responses: a group's responses laid end to end in rows (each attending to its prefix and its own
+    earlier tokens only) score what whole conversations score, in fewer rows than responses; batches of 1 and 2 rows
+    split a block's packed rows, 64 holds the call."""
+    rm = reward_model(batch_size, attention, pack_responses=True)
+    assert rm.share_prompts and rm.pack_responses
+    prompts, responses = groups_of(m=6)
+    expected = unshared(rm, prompts, responses)
+    rows = []
+    handle = rm.model.base_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: rows.append(kwargs["input_ids"].shape[0]) if kwargs.get("past_key_values") is not None
+        and kwargs["attention_mask"].dim() == 4 else None, with_kwargs=True)
+    try:
+        got = rm.score(prompts, responses)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert 0 < sum(rows) < len(responses)  # packed: fewer rows than responses, and every one ran on a 4D mask
+    assert all(r <= batch_size for r in rows)
+
+
+def test_packed_responses_pad_less_and_count_it():
+    """Packed, the responses' padding is what the rows' width leaves (`tokens_padded` = every token the decoder's calls
+    ran less the real ones), less than right-padded batches leave: group u's responses of 13, 11 − u and 2 + u tokens,
+    twice each, pack into full rows of 13, where 18 rows of 7 lengths in 5 batches must put unequal lengths together;
+    a model whose attention takes no 4D mask does not pack."""
+    prompts = [PROMPTS[i % 3] for i in range(18)]
+    lengths = [(12, 10 - i % 3, 1 + i % 3)[i // 3 % 3] for i in range(18)]  # words; each response ends in one more token
+    responses = [" ".join(f"w{(i + t) % 13 + 1}" for t in range(n)) for i, n in enumerate(lengths)]  # each its own first word
+    padded = {}
+    for pack in (False, True):
+        rm = reward_model(batch_size=4, pack_responses=pack)
+        ran = []
+        handle = rm.model.base_model.register_forward_pre_hook(lambda _m, _a, kwargs: ran.append(kwargs["input_ids"].numel()),
+                                                               with_kwargs=True)
+        try:
+            rm.score(prompts, responses)
+        finally:
+            handle.remove()
+        assert rm.tokens_padded == sum(ran) - rm.tokens_run
+        padded[pack] = rm.tokens_padded
+    assert padded[True] == 0 < padded[False]
+    tok = make_tokenizer()
+    flex = make_reward_model(tok)
+    flex.config._attn_implementation = "flex_attention"
+    assert not HFRewardModel(flex, tok, pack_responses=True).pack_responses
 
 
 @pytest.mark.parametrize("share", [True, False])
