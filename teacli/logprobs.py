@@ -227,12 +227,16 @@ def packed_mask(model, segment: "Tensor", prompt: "Tensor | None" = None) -> "Te
 
 
 def unpacked_cache(cache: Any, index: "Tensor") -> Any:
-    """`cache` of one row of prompts laid end to end (every layer's keys and values [1, heads, S, d]), laid out as U
-    left-padded rows in place: each layer's keys and values become [U, heads, Lp, d], column j of row u the packed
-    column index[u, j] (any column where row u is padding: its mask hides it). Returns `cache`."""
+    """`cache` of R rows of prompts laid end to end (every layer's keys and values [R, heads, W, d]), laid out as U
+    left-padded rows in place: each layer's keys and values become [U, heads, Lp, d], column j of prompt u the packed
+    place index[u, j] of the flat [R × W] (any place where prompt u is padding: its mask hides it). Returns `cache`."""
+
+    def unpack(x: "Tensor") -> "Tensor":
+        heads, d = x.shape[1], x.shape[3]
+        return x.transpose(0, 1).reshape(heads, -1, d)[:, index].transpose(0, 1).contiguous()
+
     for layer in cache.layers:
-        layer.keys = layer.keys[0][:, index].transpose(0, 1).contiguous()
-        layer.values = layer.values[0][:, index].transpose(0, 1).contiguous()
+        layer.keys, layer.values = unpack(layer.keys), unpack(layer.values)
     return cache
 
 

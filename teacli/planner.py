@@ -329,7 +329,8 @@ def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_
                     packed: bool = False) -> tuple[int, int]:
     """(padding, tokens computed) of the reward model's forward batches of these sequences, as teacli/rewards/hf.py
     cuts them (`teacli.padding.batch_sizes`): shared prompts (reward.share_prompts), blocks of `batch_size` groups,
-    longest prompt first, each block's prompts end to end in one row, then its responses longest first on them
+    longest prompt first, each block's prompts end to end in rows as wide as its longest, then its responses longest
+    first on them
     (packed, reward.pack_responses: laid end to end in rows as wide as the block's longest, a group's a row,
     `teacli.padding.packed_rows`); else whole conversations longest first. The prompt under the reward model's
     template is taken as the policy's."""
@@ -348,7 +349,9 @@ def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_
         for start in range(0, len(order), batch_size):
             block = order[start : start + batch_size]
             wide = max(prompts[g] for g in block)
-            total += sum(prompts[g] for g in block)  # end to end in one row (`_packed_prefixes`): no padding
+            rows = len(packed_rows([prompts[g] for g in block], wide))  # end to end in rows of the longest (`_packed_prefixes`)
+            pad += rows * wide - sum(prompts[g] for g in block)
+            total += rows * wide
             if packed:
                 cap = max(responses[g * group + j] for g in block for j in range(group))
                 rows = sum(len(packed_rows(responses[g * group : (g + 1) * group], cap)) for g in block)

@@ -621,13 +621,15 @@ def test_the_planners_train_padding_is_what_the_trainer_computes(shared):
 
 def test_the_reward_models_padding_worked_by_hand():
     """Two prompts of 10 and 4 tokens, two responses each (3, 1 and 5, 2), batches of 2. Shared: one block of both
-    prompts, end to end in one row (14 tokens, no padding); the responses longest first, [5, 3, 2, 1] on 10 columns of
-    prompt, cut as teacli.padding.batch_sizes cuts widths [15, 13, 12, 11] under 2 × 15 tokens: [2, 2] (a batch of 3
+    prompts, end to end in rows of 10 (the 4 has no room beside the 10: two rows, 6 padding of 20); the responses
+    longest first, [5, 3, 2, 1] on 10 columns of prompt, cut as teacli.padding.batch_sizes cuts widths [15, 13, 12, 11] under 2 × 15 tokens: [2, 2] (a batch of 3
     would hold 3 × 13 > 30), so 2 × 5 (2 padding) and 2 × 2 (1). Packed responses: rows of 5, the first prompt's 3 + 1
     in one (1 padding), the second's 5 and 2 in two (3): 3 × 5 tokens, 4 padding. Whole conversations [13, 11, 9, 6],
     cap 26: [2, 2], 2 × 13 (2 padding) and 2 × 9 (3)."""
-    assert planner._reward_padding([10, 4], [3, 1, 5, 2], 2, 2, True) == (2 + 1, 14 + 10 + 4)
-    assert planner._reward_padding([10, 4], [3, 1, 5, 2], 2, 2, True, packed=True) == (1 + 3, 14 + 15)
+    assert planner._reward_padding([10, 4], [3, 1, 5, 2], 2, 2, True) == (6 + 2 + 1, 20 + 10 + 4)
+    assert planner._reward_padding([10, 4], [3, 1, 5, 2], 2, 2, True, packed=True) == (6 + 1 + 3, 20 + 15)
+    # three prompts of 10, 6 and 4: 6 + 4 fill the second row of 10 (no padding), where left padding made 10 of 30
+    assert planner._reward_padding([10, 6, 4], [1] * 6, 2, 3, True)[0] == 0 + 0
     assert planner._reward_padding([10, 4], [3, 1, 5, 2], 2, 2, False) == (2 + 3, 26 + 18)
 
 

@@ -23,8 +23,8 @@ model's forward on each example:
     common token prefix (of the encoded sequences themselves, so a template that merges tokens across the
     prompt/response boundary, or a cut conversation, only shortens it), less at least the last token of each row.
     Groups of two or more rows whose prefix has at least MIN_SHARED_PREFIX tokens run it once: up to
-    `reward.batch_size` prefixes a forward, end to end in one row (no padding), kept as a KV cache laid out as
-    left-padded rows, copied to each response's row (`teacli.logprobs.on_prompt_cache`), and the responses' own
+    `reward.batch_size` prefixes a forward, end to end in rows as wide as the longest (little padding), kept as a
+    KV cache laid out as left-padded rows, copied to each response's row (`teacli.logprobs.on_prompt_cache`), and the responses' own
     tokens run on it, right-padded, in batches sorted by length and cut as above (counting each row's copy of its
     prefix); or, with `reward.pack_responses`, end to end in rows as training packs completions
     (`teacli.logprobs.on_packed_prompt_cache`); the score is read at each response's last token as before. Other rows (a lone
@@ -246,8 +246,8 @@ class HFRewardModel:
         their first k tokens, every row longer than k).
 
         Up to batch_size groups make a block, longest prefixes first: the block's prefixes run in one forward
-        (end to end in one row under a block-diagonal causal mask: `_packed_prefixes`) into a KV cache, laid out as
-        left-padded rows (`teacli.logprobs.unpacked_cache`); then its rows' remaining tokens, longest first, in the batches
+        (end to end in rows as wide as the longest, each attending causally within its own prefix: `_packed_prefixes`)
+        into a KV cache, laid out as left-padded rows (`teacli.logprobs.unpacked_cache`); then its rows' remaining tokens, longest first, in the batches
         `batch_sizes` cuts (about batch_size rows a forward: more of the short ones, none holding more tokens with its
         prefixes than batch_size of the longest), each on its prefix's keys and values (copied to its row). A group split across batches
         keeps its one prefix pass, and only one block's cache is held at a time. Unlike whole conversations, a batch
@@ -267,7 +267,8 @@ class HFRewardModel:
             block = order[start : start + self.batch_size]
             prefixes = [encoded[rows[0]][:k] for rows, k in block]
             _, prefix_mask = _padded(prefixes, pad, left=True)
-            packed = _packed_prefixes(prefixes)  # run end to end in one row: no padding
+            packed, padding = _packed_prefixes(prefixes, pad)  # end to end in rows: little padding
+            self.tokens_padded += padding
             members = sorted(((r, u, k) for u, (rows, k) in enumerate(block) for r in rows),
                              key=lambda m: len(encoded[m[0]]) - m[2], reverse=True)  # longest remainder first
             batches, first = [], 0
@@ -344,21 +345,30 @@ class HFRewardModel:
         return batches
 
 
-def _packed_prefixes(prefixes: list[list[int]]) -> "tuple[torch.Tensor, ...]":
-    """A block's prefixes laid end to end in one row, for one forward without padding: (ids [1, S], each place's
-    prefix [1, S], its position in its prefix [1, S], and index [U, Lp]: the place of column j of prefix u left-padded
-    to the longest, Lp (0 where it is padding): `teacli.logprobs.unpacked_cache`)."""
+def _packed_prefixes(prefixes: list[list[int]], pad: int) -> "tuple[tuple[torch.Tensor, ...], int]":
+    """A block's prefixes laid end to end in rows as wide as the longest (`teacli.padding.packed_rows`: first-fit
+    decreasing; no row wider than left padding would make it, so attention costs no more), for one forward with
+    little padding: ((ids [R, W], each place's prefix [R, W] (−1 at padding), its position in its prefix [R, W],
+    index [U, Lp]: the flat place in [R × W] of column j of prefix u left-padded to the longest, Lp = W; 0 where that
+    is padding: `teacli.logprobs.unpacked_cache`), the padding computed)."""
     import torch
 
     wide = max(map(len, prefixes))
+    rows = packed_rows([len(ids) for ids in prefixes], wide)
+    ids = torch.full((len(rows), wide), pad, dtype=torch.long)  # a row's padding at its end
+    segment = torch.full((len(rows), wide), -1, dtype=torch.long)
+    at = torch.zeros((len(rows), wide), dtype=torch.long)
     index = torch.zeros((len(prefixes), wide), dtype=torch.long)
-    start = 0
-    for u, ids in enumerate(prefixes):
-        index[u, wide - len(ids) :] = torch.arange(start, start + len(ids))
-        start += len(ids)
-    segment = torch.cat([torch.full((len(ids),), u) for u, ids in enumerate(prefixes)])[None]
-    at = torch.cat([torch.arange(len(ids)) for ids in prefixes])[None]
-    return torch.tensor([t for ids in prefixes for t in ids])[None], segment, at, index
+    for r, row in enumerate(rows):
+        start = 0
+        for u in row:
+            n, cols = len(prefixes[u]), slice(start, start + len(prefixes[u]))
+            ids[r, cols] = torch.tensor(prefixes[u], dtype=torch.long)
+            segment[r, cols] = u
+            at[r, cols] = torch.arange(n)
+            index[u, wide - n :] = r * wide + start + torch.arange(n)
+            start += n
+    return (ids, segment, at, index), len(rows) * wide - sum(map(len, prefixes))
 
 
 def shared_prefixes(

@@ -142,8 +142,10 @@ def test_each_group_runs_its_prefix_once():
 
     def count(_module, _args, kwargs):
         ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        if mask is not None and mask.dim() == 4:  # prefixes end to end in one row: one starts where a token does not see the one before
-            for row, own in zip(ids.tolist(), mask[:, 0, :, -ids.shape[1] :]):
+        if mask is not None and mask.dim() == 4:  # prefixes end to end in rows, then the row's padding (pad tokens):
+            for row, own in zip(ids.tolist(), mask[:, 0, :, -ids.shape[1] :]):  # one starts where a token does not see the one before
+                while row and row[-1] == pad:
+                    row = row[:-1]
                 sees = own if own.dtype == torch.bool else own == 0
                 cuts = [0] + [t for t in range(1, len(row)) if not sees[t, t - 1]] + [len(row)]
                 runs.extend(row[a:b] for a, b in zip(cuts, cuts[1:]))
@@ -166,6 +168,29 @@ def test_each_group_runs_its_prefix_once():
     assert sum(map(len, shared_runs)) == sum(map(len, encoded)) - sum((len(g) - 1) * k[key] for key, g in rows.items())
     assert sorted(map(len, runs)) == sorted(map(len, encoded))  # unshared: every conversation whole (right padding not run as real)
     assert rm.tokens_run == sum(map(len, shared_runs)) + sum(map(len, encoded))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_short_prompts_share_a_row_and_score_as_unshared(attention):
+    """A block's prompts run end to end in rows as wide as its longest: two short prompts beside a long one take one
+    row (each attending only to itself, at its own positions), the long one another, and the scores are the whole
+    conversations'."""
+    rm = reward_model(8, attention)
+    long = Prompt(id="l", messages=({"role": "user", "content": " ".join(f"w{i % 13 + 1}" for i in range(30))},))
+    short = [Prompt(id=f"s{i}", messages=({"role": "user", "content": text},))
+             for i, text in enumerate(["the dog ran in the park with a red ball", "one two three four five six seven"])]
+    prompts = [p for p in (long, *short) for _ in range(4)]
+    responses = [RESPONSES[i % len(RESPONSES)] for i in range(len(prompts))]
+    shapes = []
+    handle = rm.model.base_model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)) if kwargs.get("past_key_values") is not None
+        and kwargs["past_key_values"].get_seq_length() == 0 else None, with_kwargs=True)
+    try:
+        got = rm.score(prompts, responses)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got, unshared(rm, prompts, responses), atol=1e-5, rtol=1e-5)
+    assert len(shapes) == 1 and shapes[0][0] == 2  # one prefix pass, of two rows for three prompts
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -211,7 +236,7 @@ def test_packed_responses_pad_less_and_count_it():
             handle.remove()
         assert rm.tokens_padded == sum(ran) - rm.tokens_run
         padded[pack] = rm.tokens_padded
-    assert padded[True] == 0 < padded[False]
+    assert padded[True] < padded[False]  # the same prompts (and their padding) either way
     tok = make_tokenizer()
     flex = make_reward_model(tok)
     flex.config._attn_implementation = "flex_attention"
