@@ -271,22 +271,10 @@ class HFRewardModel:
             self.tokens_padded += padding
             members = sorted(((r, u, k) for u, (rows, k) in enumerate(block) for r in rows),
                              key=lambda m: len(encoded[m[0]]) - m[2], reverse=True)  # longest remainder first
-            batches, first = [], 0
-            # a row holds its prefix's keys and values too: the cap counts them (a batch of short remainders may hold
-            # more rows, but no more tokens than batch_size of the longest with their prefixes)
-            wide = prefix_mask.shape[1]
-            if self.pack_responses:
-                batches = self._packed_batches(encoded, members, len(block), wide)
-                done += [place[r] for batch in batches for r in batch[-1]]
-                batches = [batch[:-1] for batch in batches]
-            for size in [] if self.pack_responses else batch_sizes([wide + len(encoded[r]) - k for r, _, k in members], self.batch_size):
-                chunk, first = members[first : first + size], first + size
-                rest = [encoded[r][k:] for r, _, k in chunk]
-                self.tokens_padded += _pad_tokens(rest)
-                ids, mask = _padded(rest, pad, left=False)
-                batches.append((torch.tensor([u for _, u, _ in chunk]), ids, mask, torch.tensor([len(x) - 1 for x in rest])))
-                done += [place[r] for r, _, _ in chunk]
-            plan.append((packed, prefix_mask, batches))
+            cut = self._packed_batches if self.pack_responses else self._padded_batches
+            batches = cut(encoded, members, len(block), prefix_mask.shape[1])
+            done += [place[r] for batch in batches for r in batch[-1]]
+            plan.append((packed, prefix_mask, [batch[:-1] for batch in batches]))
         plan = _to_device(plan, self.device)
         decoder = model.base_model
 
@@ -313,6 +301,24 @@ class HFRewardModel:
         scores = torch.empty(len(done), dtype=torch.float32)
         scores[done] = torch.cat(outs).cpu()
         return scores
+
+    def _padded_batches(self, encoded: list[list[int]], members: list[tuple[int, int, int]], groups: int, wide: int) -> list[tuple]:
+        """A block's responses right-padded: members (row, its prefix u in the block, k), longest remainder first, in
+        the batches `batch_sizes` cuts. A row holds its prefix's keys and values too (`wide` columns): the cap counts
+        them (a batch of short remainders may hold more rows, but no more tokens than batch_size of the longest with
+        their prefixes). Each batch: (each row's prefix u [b], the remainders [b, T] and their mask, each one's last
+        column [b], the rows it scores in that order)."""
+        import torch
+
+        batches, first = [], 0
+        for size in batch_sizes([wide + len(encoded[r]) - k for r, _, k in members], self.batch_size):
+            chunk, first = members[first : first + size], first + size
+            rest = [encoded[r][k:] for r, _, k in chunk]
+            self.tokens_padded += _pad_tokens(rest)
+            ids, mask = _padded(rest, self.tokenizer.pad_token_id, left=False)
+            batches.append((torch.tensor([u for _, u, _ in chunk]), ids, mask, torch.tensor([len(x) - 1 for x in rest]),
+                            [r for r, _, _ in chunk]))
+        return batches
 
     def _packed_batches(self, encoded: list[list[int]], members: list[tuple[int, int, int]], groups: int, wide: int) -> list[tuple]:
         """A block's responses packed (`reward.pack_responses`): members (row, its prefix u in the block, k), each
