@@ -399,7 +399,7 @@ class OptimConfig:
         "fixed cost (teacli/padding.py FORWARD_TOKENS, measured for the 1B policy on an H200); packed = one forward with "
         "the completions laid end to end in rows of the longest's width (first-fit decreasing, one prompt's a row) under "
         "a 4D attention mask, for sdpa and eager attention (elsewhere 1). 1 by default: on that card a forward's fixed "
-        "cost outweighed the padding it saved; packed is not yet timed on a GPU (docs/performance.md).",
+        "cost outweighed the padding it saved; packed's speed against one forward is not yet measured side by side (docs/performance.md).",
         ge=1,
     )
     micro_batch_size: int = field(8, "Sequences per forward/backward: a rank's P*m/W sequences are sorted by length into ceil(P*m/W / this) micro-batches, one optimizer update per step; with shared prompts split evenly (at most this many each), otherwise cut where they pad least, none holding more tokens than the largest even micro-batch (so one of short sequences may hold more).", ge=1)

@@ -108,8 +108,10 @@ def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
     """optim.completion_splits on CUDA (sdpa, liger's fused head where installed, 2 of 4 layers checkpointed): the
     micro-batch's completions sorted by length in 4 forwards on the prompts' cache give the log-probs and gradients
     of one forward, tightly in float32 (TF32 off); in bf16 no further from the whole sequences than one forward is.
-    The split run computes fewer tokens, so it holds no more at its peak. The same for them packed (one forward of
-    rows under a 4D mask: the memory-efficient SDPA kernel with a mask on CUDA)."""
+    The split run computes fewer tokens but each forward holds its own rows' copy of the prompts' keys and values: its
+    peak stays within 1.25× one forward's. The same for them packed (one forward of rows under a 4D mask: the
+    memory-efficient SDPA kernel with a mask on CUDA). Every run's rows are in the order the split and packed
+    micro-batches run them (by completion length)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -129,8 +131,10 @@ def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
     prompts = [[rng.randrange(0, SHAPE["vocab_size"]) for _ in range(PROMPT - 37 * p)] for p in range(GROUPS)]
     seq_prompt = [prompts[p] for p in range(GROUPS) for _ in range(M)]
     seq_comp = [[rng.randrange(0, SHAPE["vocab_size"]) for _ in range(rng.randint(4, COMPLETION))] for _ in seq_prompt]
+    # in the order the split and packed micro-batches run them (by completion length), so every run's rows line up
     order = sorted(range(len(seq_comp)), key=lambda i: len(seq_comp[i]))
-    input_ids, attn, cmask, n_prompt = pack([seq_prompt[i] for i in order], [seq_comp[i] for i in order], 0, cuda)
+    seq_prompt, seq_comp = [seq_prompt[i] for i in order], [seq_comp[i] for i in order]
+    input_ids, attn, cmask, n_prompt = pack(seq_prompt, seq_comp, 0, cuda)
     weights = torch.randn(cmask.shape, generator=torch.Generator().manual_seed(1)).to(cuda) * cmask
     rows = list(range(len(seq_comp)))
 
@@ -163,8 +167,10 @@ def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
     if dtype == "float32":
         assert float((split[0] - one[0]).abs().max()) < 1e-4 and _rel(split[1], one[1]) < 1e-4
     else:
-        assert lp_split <= 2 * lp_one + 1e-2 and g_split <= 2 * g_one + 1e-2
-    assert split[2] <= one[2]
+        assert lp_split <= 2 * lp_one + 0.05 and g_split <= 2 * g_one + 1e-2  # bf16 log-probs of other shapes: ±0.016 seen
+    # fewer tokens, but each forward holds its own rows' copy of the prompts' keys and values (H100: 5,078 MiB
+    # against 4,609 in float32, 2,973 against 2,971 in bf16)
+    assert split[2] <= one[2] * 1.25
     # packed (optim.completion_splits: packed): one forward of the completions laid end to end under a 4D mask
     packed = run(shared("packed"))
     lp_packed, g_packed = float((packed[0] - whole[0])[valid].abs().max()), _rel(packed[1], whole[1])
@@ -173,4 +179,4 @@ def test_completions_in_split_forwards_match_one_forward(cuda, dtype):
     if dtype == "float32":
         assert float((packed[0] - one[0]).abs().max()) < 1e-4 and _rel(packed[1], one[1]) < 1e-4
     else:
-        assert lp_packed <= 2 * lp_one + 1e-2 and g_packed <= 2 * g_one + 1e-2
+        assert lp_packed <= 2 * lp_one + 0.05 and g_packed <= 2 * g_one + 1e-2
