@@ -354,27 +354,20 @@ class HFRewardModel:
 def _packed_prefixes(prefixes: list[list[int]], pad: int) -> "tuple[tuple[torch.Tensor, ...], int]":
     """A block's prefixes laid end to end in rows as wide as the longest (`teacli.padding.packed_rows`: first-fit
     decreasing; no row wider than left padding would make it, so attention costs no more), for one forward with
-    little padding: ((ids [R, W], each place's prefix [R, W] (−1 at padding), its position in its prefix [R, W],
-    index [U, Lp]: the flat place in [R × W] of column j of prefix u left-padded to the longest, Lp = W; 0 where that
-    is padding: `teacli.logprobs.unpacked_cache`), the padding computed)."""
+    little padding: ((ids [R, W] (pad at each row's end), each place's prefix [R, W] (−1 at padding), its position in
+    its prefix [R, W], index [U, Lp]: the flat place in [R × W] of column j of prefix u left-padded to the longest,
+    Lp = W; 0 where that is padding: `teacli.logprobs.unpacked_cache`), the padding computed)."""
     import torch
 
-    wide = max(map(len, prefixes))
-    rows = packed_rows([len(ids) for ids in prefixes], wide)
-    ids = torch.full((len(rows), wide), pad, dtype=torch.long)  # a row's padding at its end
-    segment = torch.full((len(rows), wide), -1, dtype=torch.long)
-    at = torch.zeros((len(rows), wide), dtype=torch.long)
+    lengths = [len(ids) for ids in prefixes]
+    wide = max(lengths)
+    rows = packed_rows(lengths, wide)
+    laid = Packing.lay(rows, lengths, [0] * len(prefixes), wide, wide)
+    ids = _padded(prefixes, pad, left=False)[0].reshape(-1)[laid.source].masked_fill(laid.segment < 0, pad)
     index = torch.zeros((len(prefixes), wide), dtype=torch.long)
-    for r, row in enumerate(rows):
-        start = 0
-        for u in row:
-            n, cols = len(prefixes[u]), slice(start, start + len(prefixes[u]))
-            ids[r, cols] = torch.tensor(prefixes[u], dtype=torch.long)
-            segment[r, cols] = u
-            at[r, cols] = torch.arange(n)
-            index[u, wide - n :] = r * wide + start + torch.arange(n)
-            start += n
-    return (ids, segment, at, index), len(rows) * wide - sum(map(len, prefixes))
+    for u, n in enumerate(lengths):
+        index[u, wide - n :] = laid.gather[u, :n]
+    return (ids, laid.segment, laid.offset, index), len(rows) * wide - sum(lengths)
 
 
 def shared_prefixes(
