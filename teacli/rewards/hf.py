@@ -262,7 +262,7 @@ class HFRewardModel:
         pad, model = self.tokenizer.pad_token_id, self.model
         place = {r: i for i, r in enumerate(r for rows, _ in groups for r in rows)}  # row → its place in the result
         order = sorted(groups, key=lambda group: group[1], reverse=True)
-        plan, done = [], []  # per block: (prefix ids, prefix mask, its batches (row_of, ids, mask, last)); places scored
+        plan, done = [], []  # per block: (its packed prefixes, their left-padded mask, its batches); places scored
         for start in range(0, len(order), self.batch_size):
             block = order[start : start + self.batch_size]
             prefixes = [encoded[rows[0]][:k] for rows, k in block]
