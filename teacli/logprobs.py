@@ -195,8 +195,6 @@ def on_packed_prompt_cache(forward: Any, model, cache: Any, prompt_mask: "Tensor
     Each row runs on its prompt's cache; a token attends to its prompt and, causally, to its own completion's tokens
     (a 4D mask; a padding place attends to the padding before it, so no row of the mask is empty), at the positions
     it has unpacked. The same states as unpacked, up to float rounding (`shared_prompt_logprobs` gathers them back)."""
-    import torch
-
     ids = completion_ids.reshape(-1)[packing.source]
     mask = packed_mask(model, packing.segment, prompt_mask[packing.prompt])
     start = prompt_mask.long().sum(-1)[packing.prompt][:, None]

@@ -15,7 +15,7 @@ cuts drawn lengths as a run would to price their padding: `micro_batches` (by `m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 # The exact search does count × rows² work (numpy): beyond this, the caller's even cut stands (rows scored or trained
 # in one call: 512 for a step of the paper's recipes on one GPU).
@@ -126,6 +126,12 @@ def packed_rows(widths: Sequence[int], cap: int | None = None) -> list[list[int]
     return rows
 
 
+def packed_groups(widths: Sequence[int], groups: Iterable[Sequence[int]], cap: int) -> list[list[int]]:
+    """Rows of segments packed group by group, none mixing groups (a row reads one prompt's cache): each group's
+    members (indices into `widths`) laid by `packed_rows` at `cap`, group after group; each row's indices."""
+    return [[members[i] for i in row] for members in groups for row in packed_rows([widths[b] for b in members], cap)]
+
+
 def packed_layout(completions: Sequence[int], prompt_keys: Sequence[object]) -> tuple[list[list[int]], int]:
     """How a shared micro-batch's completions of these lengths run packed (`optim.completion_splits: packed`): each
     completion's first token is predicted from its prompt's last state, its other tokens (all but the last, which
@@ -134,11 +140,8 @@ def packed_layout(completions: Sequence[int], prompt_keys: Sequence[object]) -> 
     `teacli.train.batching.pack_completions` lays out and `packed_computed` counts."""
     segments = [max(0, c - 1) for c in completions]
     width = max(segments, default=0)
-    rows: list[list[int]] = []
-    for key in dict.fromkeys(prompt_keys):
-        members = [b for b, k in enumerate(prompt_keys) if k == key]
-        rows += [[members[i] for i in row] for row in packed_rows([segments[b] for b in members], width)]
-    return rows, width
+    groups = ([b for b, k in enumerate(prompt_keys) if k == key] for key in dict.fromkeys(prompt_keys))
+    return packed_groups(segments, groups, width), width
 
 
 def packed_computed(completions: Sequence[int], prompt_keys: Sequence[object]) -> int:

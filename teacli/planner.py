@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from teacli.config import Recipe
 
 from teacli.memory import activation_budget, activation_bytes, auto_checkpoint_layers, memory_plan, state_bytes
-from teacli.padding import batch_sizes, micro_batches, micro_padding, packed_rows
+from teacli.padding import batch_sizes, micro_batches, micro_padding, packed_groups, packed_rows
 from teacli.standins import (PROMPT_MEDIAN, PROMPT_MIN, PROMPT_SIGMA, RESPONSE_MEDIAN, RESPONSE_SIGMA, Shape, model_shape,
                              prompt_lengths, response_lengths)
 
@@ -332,7 +332,7 @@ def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_
     longest prompt first, each block's prompts end to end in rows as wide as its longest, then its responses longest
     first on them
     (packed, reward.pack_responses: laid end to end in rows as wide as the block's longest, a group's a row,
-    `teacli.padding.packed_rows`); else whole conversations longest first. The prompt under the reward model's
+    `teacli.padding.packed_groups`); else whole conversations longest first. The prompt under the reward model's
     template is taken as the policy's."""
     pad = total = 0
 
@@ -354,7 +354,7 @@ def _reward_padding(prompts: list[int], responses: list[int], group: int, batch_
             total += rows * wide
             if packed:
                 cap = max(responses[g * group + j] for g in block for j in range(group))
-                rows = sum(len(packed_rows(responses[g * group : (g + 1) * group], cap)) for g in block)
+                rows = len(packed_groups(responses, (range(g * group, (g + 1) * group) for g in block), cap))
                 pad += rows * cap - sum(responses[g * group + j] for g in block for j in range(group))
                 total += rows * cap
                 continue

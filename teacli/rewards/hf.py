@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from teacli.models import encode_chat, is_standin, load_errors, looks_like_path, random_model, resolve_dtype
 from teacli.logprobs import Packing, on_packed_prompt_cache, packing_problem
-from teacli.padding import batch_sizes, packed_rows  # the forward batches' cut, which the planner prices too
+from teacli.padding import batch_sizes, packed_groups, packed_rows  # the forward batches' cut, which the planner prices too
 
 if TYPE_CHECKING:
     import torch
@@ -323,7 +323,7 @@ class HFRewardModel:
     def _packed_batches(self, encoded: list[list[int]], members: list[tuple[int, int, int]], groups: int, wide: int) -> list[tuple]:
         """A block's responses packed (`reward.pack_responses`): members (row, its prefix u in the block, k), each
         row's remaining tokens encoded[row][k:] laid end to end in rows as wide as the block's longest remainder,
-        a row holding one prefix's responses only (`teacli.padding.packed_rows`, first-fit decreasing), `batch_sizes`
+        a row holding one prefix's responses only (`teacli.padding.packed_groups`, first-fit decreasing), `batch_sizes`
         of those rows a forward (each as wide as the longest: batch_size rows, the unpacked batches' most tokens).
         Each batch: (its `Packing`, the remainders [b, T] it reads, each response's last place in [R × W], the rows
         it scores in that order)."""
@@ -331,10 +331,7 @@ class HFRewardModel:
 
         widths = [len(encoded[r]) - k for r, _, k in members]
         cap = max(widths)
-        laid = []  # packed rows: indices into members
-        for u in range(groups):
-            mine = [i for i, (_, v, _) in enumerate(members) if v == u]
-            laid += [[mine[j] for j in row] for row in packed_rows([widths[i] for i in mine], cap)]
+        laid = packed_groups(widths, ([i for i, (_, v, _) in enumerate(members) if v == u] for u in range(groups)), cap)
         batches, first = [], 0
         for size in batch_sizes([wide + cap] * len(laid), self.batch_size):
             chunk, first = laid[first : first + size], first + size
